@@ -1,0 +1,67 @@
+"""Adaptive Importance Sampling (AIS): the per-batch mixing coefficient alpha.
+
+AIS (arXiv 2605.13907) multiplies each token's policy-gradient loss by the detached weight
+
+    omega_t = (1 - alpha) + alpha * wbar_t,     wbar_t = clip(w_t, floor, cap),
+
+so the batch gradient is exactly (1 - alpha) g_none + alpha g_tis. Alpha comes from three batch
+diagnostics, each computed from all-reduced sums (`aisrl.dist`):
+
+- weight reliability  rho   = ESS/N of the sequence weights W_i = exp(sum_t delta_it), in (0, 1];
+- divergence severity S     = k3 estimate of KL(mu || pi) per token, E[w - 1 - delta] >= 0;
+- variance amplification Gamma = E[wbar^2] / E[wbar]^2 >= 1 (token level, truncated weights).
+
+The combination is the minimiser of a surrogate mean-squared error of the interpolated gradient,
+MSE(alpha) ~ (1 - alpha)^2 |b|^2 + alpha^2 v / N_eff, with |b|^2 bounded through Pinsker by a
+multiple of the KL (severity), v by the chi-square excess (Gamma - 1) and N_eff = rho * N_seq:
+
+    alpha = 2 S / (2 S + (Gamma - 1) / (rho * N_seq))     clipped to [0, 1], 0 when S == 0.
+
+docs/ais.md derives it, lists the variants we measured, and shows the benchmark numbers that chose it
+(benchmarks/estimator.py). An optional EMA across steps smooths alpha: alpha_t = ema * alpha_{t-1} +
+(1 - ema) * alpha_batch, with the previous value passed in by the caller (the function stays pure).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from aisrl.diagnostics import Batch, _div, _s, sequence_ess
+from aisrl.dist import all_sum
+
+SEVERITY_EPS = 1e-8
+"""Severity below this is treated as no mismatch: alpha = 0, every weight exactly 1 when w == 1."""
+
+
+def ais_diagnostics(b: Batch, cap: float, floor: float = 0.0) -> dict[str, torch.Tensor]:
+    """The three AIS diagnostics of a prepared batch, all-reduced, as float64 scalars."""
+    m = b.mask
+    w = b.w.double()
+    wbar = w.clamp(min=floor, max=cap)  # (N, T)
+    k3 = (w - 1.0 - b.delta.double()).clamp(min=0.0)  # (N, T)
+    n, s_k3, s_wb, s_wb2, n_seq = all_sum(
+        _s(m.double()), _s(k3, m), _s(wbar, m), _s(wbar**2, m), _s(b.seq_mask.double())
+    )
+    mean_wb = _div(s_wb, n)
+    gamma = torch.where(mean_wb > 0, _div(_div(s_wb2, n), mean_wb**2), torch.ones_like(mean_wb))
+    return {
+        "weight_reliability": sequence_ess(b),
+        "divergence_severity": _div(s_k3, n),
+        "variance_amplification": gamma.clamp(min=1.0),
+        "num_seqs": n_seq,
+    }
+
+
+def ais_alpha(
+    reliability: torch.Tensor,
+    severity: torch.Tensor,
+    amplification: torch.Tensor,
+    num_seqs: torch.Tensor,
+) -> torch.Tensor:
+    """Mixing coefficient in [0, 1] from the three diagnostics (see the module docstring)."""
+    n_eff = (reliability * num_seqs).clamp(min=1.0)
+    bias2 = 2.0 * severity  # Pinsker: |b|^2 <= 2 KL, up to the scale of the score
+    var = (amplification - 1.0).clamp(min=0.0) / n_eff
+    alpha = _div(bias2, bias2 + var)
+    alpha = torch.where(severity > SEVERITY_EPS, alpha, torch.zeros_like(alpha))
+    return alpha.clamp(0.0, 1.0)

@@ -1,0 +1,257 @@
+"""Exact-gradient benchmark of mismatch corrections (DESIGN.md section 8.1).
+
+Why: whether a correction helps is a statement about the mean-squared error of the policy-gradient
+estimate, which on a real model cannot be measured (the exact gradient is unknown). Here it can.
+
+Setup. A tabular autoregressive softmax policy over a vocabulary of V tokens and sequences of length
+L: one row of logits per prefix, so pi(y) = prod_t softmax(theta[prefix_t])[y_t] and all V^L sequences
+can be enumerated. Logits are `sharpness * z` (z ~ N(0, 1)); large sharpness models a concentrated,
+late-training policy. The rollout policy mu has logits theta + strength * eps (eps ~ N(0, 1)), a stand-in
+for low-precision noise. Each sequence has a fixed random Bernoulli reward, and the objective is
+J = E_pi[R] with exact gradient sum_y pi(y) R(y) grad log pi(y) (autograd over the enumeration).
+
+Estimators. A batch has N = B * G sequences sampled from mu in B groups of G; the advantage is the
+leave-one-out group baseline A_i = R_i - mean_{j != i in group} R_j (unbiased on-policy), and
+
+    g_hat = (1 / N) sum_i sum_t omega_it A_i grad log pi(y_it | y_i,<t)
+
+is the gradient of the GRPO surrogate at r = 1 with seq-mean-token-sum aggregation, with omega from
+`aisrl.correction.correct(name, ...)` - the real code under test, called once per batch. We report
+relative MSE E||g_hat - g||^2 / ||g||^2 over many batches for each correction and for the oracle alpha*:
+the best fixed interpolation (1 - a) g_none + a g_tis for that sweep point (exact quadratic minimiser).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from aisrl.correction import correct
+
+
+@dataclass
+class EstimatorBenchConfig:
+    vocab: int = 5
+    """Vocabulary size V of the tabular policy."""
+    length: int = 4
+    """Sequence length L (V^L sequences are enumerated)."""
+    groups: int = 8
+    """Prompts per batch B (groups); all share one tabular policy."""
+    group_size: int = 8
+    """Samples per group G; the batch has N = B * G sequences."""
+    batches: int = 300
+    """Sampled batches per sweep point and instance."""
+    instances: int = 2
+    """Random (policy, perturbation, reward) instances per sweep point; MSEs are averaged over them."""
+    strengths: list[float] = field(default_factory=lambda: [0.05, 0.2, 0.5, 1.0])
+    """Mismatch strengths: std of the logit perturbation of mu."""
+    sharpness: list[float] = field(default_factory=lambda: [0.5, 1.5, 3.0])
+    """Scale of the policy logits (higher is sharper)."""
+    reward_p: float = 0.3
+    """Probability that a sequence is rewarded (R = 1)."""
+    cap: float = 2.0
+    """Truncation cap C for tis / seq_tis / ais."""
+    methods: list[str] = field(default_factory=lambda: ["none", "tis", "seq_tis", "icepop", "ais"])
+    """Corrections to evaluate (any name in aisrl.correction.CORRECTIONS)."""
+    variants: list[str] = field(default_factory=list)
+    """Alternative alpha formulas (names in aisrl.bench.variants.VARIANTS) scored on the same batches."""
+    seed: int = 0
+    """Seed of everything."""
+
+
+class TabularPolicy:
+    """All V^L sequences of an autoregressive tabular policy, with their prefix rows."""
+
+    def __init__(self, vocab: int, length: int):
+        self.V, self.L = vocab, length
+        seqs = torch.tensor(list(itertools.product(range(vocab), repeat=length)))  # (S, L)
+        offsets = [sum(vocab**k for k in range(t)) for t in range(length)]
+        rows = torch.zeros_like(seqs)  # (S, L): row index of the prefix y_<t
+        code = torch.zeros(len(seqs), dtype=torch.long)
+        for t in range(length):
+            rows[:, t] = offsets[t] + code
+            code = code * vocab + seqs[:, t]
+        self.seqs, self.rows = seqs, rows
+        self.num_rows = sum(vocab**k for k in range(length))
+
+    def token_logp(self, logits: torch.Tensor) -> torch.Tensor:
+        """(P, V) logits -> (S, L) log-prob of each token of each sequence."""
+        lp = logits.log_softmax(-1)  # (P, V)
+        return lp[self.rows, self.seqs]
+
+
+def _instance(cfg: EstimatorBenchConfig, pol: TabularPolicy, sharp: float, strength: float, gen):
+    z = torch.randn(pol.num_rows, pol.V, generator=gen, dtype=torch.float64)
+    eps = torch.randn(pol.num_rows, pol.V, generator=gen, dtype=torch.float64)
+    reward = (torch.rand(len(pol.seqs), generator=gen, dtype=torch.float64) < cfg.reward_p).double()
+    theta = (sharp * z).requires_grad_(True)
+    logp_pi = pol.token_logp(theta)  # (S, L)
+    (grad,) = torch.autograd.grad((logp_pi.sum(-1).exp() * reward).sum(), theta)  # exact dJ/dtheta
+    grad = grad.reshape(-1)  # (P*V,)
+    theta = theta.detach()
+    logp_pi = logp_pi.detach()
+    logp_mu = pol.token_logp(theta + strength * eps)  # (S, L)
+    return theta, logp_pi, logp_mu, reward, grad
+
+
+def _batch_gradients(pol, theta, idx, coef):
+    """(K, N) sampled sequence ids and (K, N, L) per-token coefficients -> (K, P*V) gradients."""
+    K, N = idx.shape
+    P, V = theta.shape
+    probs = theta.softmax(-1)  # (P, V)
+    rows, toks = pol.rows[idx], pol.seqs[idx]  # (K, N, L)
+    k = torch.arange(K)[:, None, None].expand_as(rows)
+    g = torch.zeros(K, P, V, dtype=torch.float64)
+    g.index_put_((k, rows, toks), coef, accumulate=True)  # the one-hot part of the score
+    row_coef = torch.zeros(K, P, dtype=torch.float64)
+    row_coef.index_put_((k, rows), coef, accumulate=True)
+    g -= row_coef[..., None] * probs[None]  # minus coef * pi(.|prefix)
+    return (g / N).reshape(K, P * V)
+
+
+def run_point(cfg: EstimatorBenchConfig, pol: TabularPolicy, sharp: float, strength: float, gen):
+    """Relative MSE of every method (and oracle alpha*) at one sweep point, one instance."""
+    theta, logp_pi, logp_mu, reward, grad = _instance(cfg, pol, sharp, strength, gen)
+    K, B, G = cfg.batches, cfg.groups, cfg.group_size
+    N = B * G
+    mu_seq = logp_mu.sum(-1).exp()  # (S,)
+    idx = torch.multinomial(mu_seq.float().expand(K, -1), N, replacement=True, generator=gen)  # (K, N)
+    r = reward[idx].view(K, B, G)
+    adv = (r - (r.sum(-1, keepdim=True) - r) / (G - 1)).view(K, N)  # leave-one-out baseline
+    old, roll = logp_pi[idx].float(), logp_mu[idx].float()  # (K, N, L)
+    mask = torch.ones(N, pol.L, dtype=torch.bool)
+    norm2 = grad.pow(2).sum()
+    out, grads, diag_rows = {}, {}, []
+    for name in cfg.methods:
+        opts = {"cap": cfg.cap} if name in ("tis", "seq_tis", "ais") else {}
+        weights, keeps = [], []
+        for k in range(K):
+            res = correct(name, old[k], roll[k], mask, **opts)
+            weights.append(res.weights)
+            keeps.append(res.mask)
+            if name == "ais":
+                diag_rows.append([res.metrics[key].item() for key in DIAG_KEYS])
+        omega = torch.stack(weights).double() * torch.stack(keeps)  # (K, N, L)
+        grads[name] = _batch_gradients(pol, theta, idx, omega * adv[..., None])  # (K, P*V)
+    w1 = (old - roll).exp().clamp(max=cfg.cap).double()
+    g0 = _batch_gradients(pol, theta, idx, adv[..., None].expand(K, N, pol.L).clone())
+    g1 = _batch_gradients(pol, theta, idx, w1 * adv[..., None])
+    d0, d01 = g0 - grad, g0 - g1  # the interpolation's error: g(a) - grad = d0 - a * d01
+
+    def rel_mse(a: torch.Tensor | float) -> float:  # a: scalar or (K,) per-batch alpha
+        a = torch.as_tensor(a, dtype=torch.float64).reshape(-1, 1)
+        return ((d0 - a * d01).pow(2).sum(-1).mean() / norm2).item()
+
+    for name, g in grads.items():
+        out[name] = ((g - grad).pow(2).sum(-1).mean() / norm2).item()
+    a_star = ((d0 * d01).sum() / d01.pow(2).sum().clamp(min=1e-300)).clamp(0.0, 1.0)
+    out["oracle"] = rel_mse(a_star)
+    diag = {"oracle_alpha": a_star.item(), "seq_ess": _seq_ess(old - roll),
+            "k3_kl": ((old - roll).exp() - 1 - (old - roll)).mean().item()}  # fmt: skip
+    if diag_rows:
+        d = torch.tensor(diag_rows, dtype=torch.float64)  # (K, 4)
+        alpha = d[:, DIAG_KEYS.index("alpha")]
+        # The real AIS gradient must be the exact interpolation at its own alpha.
+        assert torch.allclose(grads["ais"], g0 - alpha[:, None] * d01, rtol=1e-4, atol=1e-6 * norm2.sqrt())
+        diag["ais_alpha_mean"] = alpha.mean().item()
+        cols = {key: d[:, i] for i, key in enumerate(DIAG_KEYS)}
+        for vname, fn in cfg_variants(cfg).items():
+            a = fn(cols["weight_reliability"], cols["divergence_severity"],
+                   cols["variance_amplification"], cols["num_seqs"]).clamp(0.0, 1.0)  # fmt: skip
+            out[f"variant:{vname}"] = rel_mse(a)
+            diag[f"alpha:{vname}"] = a.mean().item()
+    return out, diag
+
+
+DIAG_KEYS = ["weight_reliability", "divergence_severity", "variance_amplification", "num_seqs", "alpha"]
+
+
+def cfg_variants(cfg: EstimatorBenchConfig) -> dict:
+    """Alternative alpha formulas evaluated on the same batches (see docs/ais.md)."""
+    from aisrl.bench.variants import VARIANTS
+
+    return {k: VARIANTS[k] for k in cfg.variants}
+
+
+def _seq_ess(delta: torch.Tensor) -> float:
+    lw = delta.sum(-1)  # (K, N)
+    return ((2 * lw.logsumexp(-1) - (2 * lw).logsumexp(-1)).exp() / lw.shape[-1]).mean().item()
+
+
+def run(cfg: EstimatorBenchConfig) -> dict:
+    """Full sweep; returns a JSON-able dict with per-point results and the headline ratios."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    pol = TabularPolicy(cfg.vocab, cfg.length)
+    t0 = time.perf_counter()
+    points = []
+    for sharp, strength in itertools.product(cfg.sharpness, cfg.strengths):
+        mses, diags = [], []
+        for _ in range(cfg.instances):
+            m, d = run_point(cfg, pol, sharp, strength, gen)
+            mses.append(m)
+            diags.append(d)
+        mse = {k: sum(m[k] for m in mses) / len(mses) for k in mses[0]}
+        diag = {k: sum(d[k] for d in diags) / len(diags) for k in diags[0]}
+        points.append({"sharpness": sharp, "strength": strength, "mse": mse, **diag})
+    summary = summarize(points)
+    return {"config": asdict(cfg), "points": points, "summary": summary, "seconds": time.perf_counter() - t0}
+
+
+def summarize(points: list[dict]) -> dict:
+    """Headline numbers: mean MSE(ais)/MSE(oracle) and the worst ais/min(none, tis) ratio."""
+    if not points or "ais" not in points[0]["mse"]:
+        return {}
+    to_oracle = [p["mse"]["ais"] / p["mse"]["oracle"] for p in points]
+    to_best_fixed = [p["mse"]["ais"] / min(p["mse"]["none"], p["mse"]["tis"]) for p in points]
+    return {
+        "ais_over_oracle_mean": sum(to_oracle) / len(to_oracle),
+        "ais_over_oracle_max": max(to_oracle),
+        "ais_over_best_of_none_tis_max": max(to_best_fixed),
+    }
+
+
+def markdown(result: dict) -> str:
+    """A markdown table of the sweep (relative gradient MSE; lower is better)."""
+    methods = list(result["points"][0]["mse"])
+    head = "| sharpness | strength | k3 KL | seq ESS/N | " + " | ".join(methods)
+    head += " | alpha* | mean AIS alpha |\n"
+    head += "|" + "---|" * (len(methods) + 6) + "\n"
+    rows = []
+    for p in result["points"]:
+        best = min(v for k, v in p["mse"].items() if k != "oracle")
+        cells = [f"**{v:.4f}**" if v == best else f"{v:.4f}" for v in p["mse"].values()]
+        rows.append(
+            f"| {p['sharpness']} | {p['strength']} | {p['k3_kl']:.4f} | {p['seq_ess']:.3f} | "
+            + " | ".join(cells)
+            + f" | {p['oracle_alpha']:.2f} | {p['ais_alpha_mean']:.2f} |"
+        )
+    s = result["summary"]
+    tail = ""
+    if s:
+        tail = (
+            f"\nMSE(ais)/MSE(oracle alpha*): mean {s['ais_over_oracle_mean']:.3f}, "
+            f"max {s['ais_over_oracle_max']:.3f}; worst MSE(ais)/min(MSE(none), MSE(tis)): "
+            f"{s['ais_over_best_of_none_tis_max']:.3f}.\n"
+        )
+    return head + "\n".join(rows) + "\n" + tail
+
+
+def main(cfg: EstimatorBenchConfig | None = None, out: str | None = None) -> dict:
+    cfg = cfg or EstimatorBenchConfig()
+    result = run(cfg)
+    print(markdown(result))
+    print(f"({result['seconds']:.0f} s)")
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
+    _ = math

@@ -1,0 +1,261 @@
+"""Rollout/trainer mismatch corrections, selectable by name, as plain functions of tensors.
+
+Every correction turns (old_logp, rollout_logp, mask) into detached per-token loss multipliers and
+a loss mask (DESIGN.md sections 3-4):
+
+    res = correct("ais", old_logp, rollout_logp, mask, cap=2.0)
+    loss, m = grpo_loss(logp, old_logp, adv, res.mask, weights=res.weights)
+
+With delta = old_logp - rollout_logp, w = exp(delta) (token), W = exp(sum_t delta) (sequence) and
+G = exp(mean_t delta) (geometric):
+
+- none:      weights 1.
+- tis:       clip(w, floor, cap)                      truncated IS (Espeholt et al. 2018; FlashRL TIS).
+- seq_tis:   clip(W, floor, cap) for every token of the sequence.
+- geo_tis:   clip(G, floor, cap) for every token of the sequence (length-normalised).
+- icepop:    w inside the band [low, high], token masked outside (IcePop / token MIS).
+- seq_mask:  reject sequences whose W leaves [low, high].
+- geo_mask:  reject sequences whose G leaves [low, high] (e.g. [0.999, 1.001]).
+- k1/k2/k3_reject: reject tokens or sequences whose KL estimate (k1 = -delta, k2 = delta^2/2,
+             k3 = w - 1 - delta), aggregated at `level` (token, seq_mean, seq_sum, seq_max),
+             exceeds `threshold` in absolute value.
+- veto:      reject a sequence in which any token has w < threshold (catastrophic tokens).
+- ais:       (1 - alpha) + alpha * clip(w, floor, cap), alpha from aisrl.ais.
+
+Options every correction takes: `normalize=True` divides the applied weights by their batch mean
+(all-reduced), `metrics_only=True` computes everything but applies nothing (weights 1, mask kept).
+`res.weights` is 0 wherever `res.mask` is False. A batch where everything is rejected returns an
+all-False mask and finite metrics; the losses turn it into a zero loss, not a division by zero.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import NamedTuple
+
+import torch
+
+from aisrl.ais import ais_alpha, ais_diagnostics
+from aisrl.diagnostics import Batch, _div, _s, mismatch_metrics, prepare, weight_stats
+from aisrl.dist import all_sum
+
+
+class CorrectionResult(NamedTuple):
+    weights: torch.Tensor  # (N, T) detached loss multipliers, 0 where mask is False
+    mask: torch.Tensor  # (N, T) bool loss mask after rejection
+    metrics: dict[str, torch.Tensor]  # detached scalars
+
+
+# A rule maps a prepared batch to (weights (N, T), keep (N, T) bool, clipped (N, T) bool, extra metrics).
+Rule = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def _check_band(low: float, high: float) -> None:
+    if not (0.0 <= low <= high):
+        raise ValueError(f"need 0 <= low <= high for a ratio band, got low={low}, high={high}")
+
+
+def _check_cap(cap: float, floor: float) -> None:
+    if not (cap > 0 and 0.0 <= floor <= cap):
+        raise ValueError(f"need cap > 0 and 0 <= floor <= cap, got cap={cap}, floor={floor}")
+
+
+def _per_seq(x: torch.Tensor) -> torch.Tensor:
+    return x[:, None]  # (N, 1), broadcasts over tokens
+
+
+def _none(b: Batch):
+    ones = torch.ones_like(b.delta)
+    return ones, b.mask, torch.zeros_like(b.mask), {}
+
+
+def _tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
+    _check_cap(cap, floor)
+    w = b.w
+    return w.clamp(floor, cap), b.mask, (w > cap) | (w < floor), {}
+
+
+def _seq_level(b: Batch, log_v: torch.Tensor, cap: float, floor: float):
+    """Truncated sequence-level weights exp(log_v), computed without overflow."""
+    _check_cap(cap, floor)
+    v = torch.exp(log_v.clamp(max=math.log(cap)))  # (N,) <= cap, never inf
+    clipped = (log_v > math.log(cap)) | (v < floor)  # (N,)
+    v = v.clamp(min=floor)
+    return _per_seq(v).expand_as(b.delta), b.mask, _per_seq(clipped) & b.mask, {}
+
+
+def _seq_tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
+    return _seq_level(b, b.seq_log_w, cap, floor)
+
+
+def _geo_mean_log(b: Batch) -> torch.Tensor:
+    return b.seq_log_w / b.seq_len.clamp(min=1.0)  # (N,) mean_t delta
+
+
+def _geo_tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
+    return _seq_level(b, _geo_mean_log(b), cap, floor)
+
+
+def _icepop(b: Batch, low: float = 0.5, high: float = 2.0):
+    _check_band(low, high)
+    w = b.w
+    keep = b.mask & (w >= low) & (w <= high)
+    return w, keep, torch.zeros_like(keep), {}
+
+
+def _seq_band(b: Batch, log_v: torch.Tensor, low: float, high: float):
+    """Keep whole sequences whose exp(log_v) lies in [low, high] (compared in log space)."""
+    _check_band(low, high)
+    lo = math.log(low) if low > 0 else -math.inf
+    ok = (log_v >= lo) & (log_v <= math.log(high))  # (N,)
+    return torch.ones_like(b.delta), b.mask & _per_seq(ok), torch.zeros_like(b.mask), {}
+
+
+def _seq_mask(b: Batch, low: float = 0.5, high: float = 2.0):
+    return _seq_band(b, b.seq_log_w, low, high)
+
+
+def _geo_mask(b: Batch, low: float = 0.999, high: float = 1.001):
+    return _seq_band(b, _geo_mean_log(b), low, high)
+
+
+KL_LEVELS = ("token", "seq_mean", "seq_sum", "seq_max")
+
+
+def _kl_reject(b: Batch, estimator: str, threshold: float = 0.05, level: str = "seq_mean"):
+    if level not in KL_LEVELS:
+        raise ValueError(f"unknown level {level!r} for {estimator}_reject; choose from {list(KL_LEVELS)}")
+    if threshold < 0:
+        raise ValueError(f"{estimator}_reject threshold must be >= 0, got {threshold}")
+    d = b.delta
+    k = {"k1": -d, "k2": 0.5 * d**2, "k3": (d.exp() - 1.0 - d).clamp(min=0.0)}[estimator]  # (N, T)
+    k = torch.where(b.mask, k, 0.0)
+    if level == "token":
+        keep = b.mask & (k.abs() <= threshold)
+    else:
+        if level == "seq_max":
+            agg = torch.where(b.mask, k.abs(), 0.0).amax(-1)  # (N,)
+        else:
+            agg = k.sum(-1)
+            agg = agg / b.seq_len.clamp(min=1.0) if level == "seq_mean" else agg
+        keep = b.mask & _per_seq(agg.abs() <= threshold)
+    return torch.ones_like(d), keep, torch.zeros_like(keep), {}
+
+
+def _veto(b: Batch, threshold: float = 1e-4):
+    if not threshold > 0:
+        raise ValueError(f"veto threshold must be > 0, got {threshold}")
+    bad = (b.mask & (b.delta < math.log(threshold))).any(-1)  # (N,)
+    return torch.ones_like(b.delta), b.mask & ~_per_seq(bad), torch.zeros_like(b.mask), {}
+
+
+def _ais(
+    b: Batch,
+    cap: float = 2.0,
+    floor: float = 0.0,
+    ema: float = 0.0,
+    prev_alpha: float | torch.Tensor | None = None,
+    alpha: float | None = None,
+):
+    """AIS; `alpha` fixes the coefficient (ablations), `ema`/`prev_alpha` smooth it across steps."""
+    _check_cap(cap, floor)
+    if not 0.0 <= ema < 1.0:
+        raise ValueError(f"ais ema must be in [0, 1), got {ema}")
+    diag = ais_diagnostics(b, cap, floor)
+    batch_alpha = ais_alpha(
+        diag["weight_reliability"], diag["divergence_severity"], diag["variance_amplification"],
+        diag.pop("num_seqs"),
+    )  # fmt: skip
+    if alpha is not None:
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"ais alpha must be in [0, 1], got {alpha}")
+        a = torch.tensor(float(alpha), dtype=torch.float64)
+    elif prev_alpha is not None and ema > 0:
+        a = ema * torch.as_tensor(prev_alpha, dtype=torch.float64).cpu() + (1 - ema) * batch_alpha.cpu()
+    else:
+        a = batch_alpha
+    a = a.to(b.delta.device)
+    w = b.w
+    omega = (1.0 - a) + a * w.clamp(floor, cap)  # (N, T)
+    clipped = b.mask & ((w > cap) | (w < floor))
+    return omega.float(), b.mask, clipped, {**diag, "alpha_batch": batch_alpha, "alpha": a}
+
+
+CORRECTIONS: dict[str, Rule] = {
+    "none": _none,
+    "tis": _tis,
+    "seq_tis": _seq_tis,
+    "geo_tis": _geo_tis,
+    "icepop": _icepop,
+    "seq_mask": _seq_mask,
+    "geo_mask": _geo_mask,
+    "k1_reject": partial(_kl_reject, estimator="k1"),
+    "k2_reject": partial(_kl_reject, estimator="k2"),
+    "k3_reject": partial(_kl_reject, estimator="k3"),
+    "veto": _veto,
+    "ais": _ais,
+}
+
+
+def options_of(name: str) -> list[str]:
+    """The keyword options a correction accepts (besides normalize / metrics_only)."""
+    params = inspect.signature(CORRECTIONS[name]).parameters.values()
+    return [p.name for p in params if p.kind is p.KEYWORD_ONLY or p.default is not p.empty]
+
+
+def correct(
+    name: str,
+    old_logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    normalize: bool = False,
+    metrics_only: bool = False,
+    **options,
+) -> CorrectionResult:
+    """Apply the correction `name` to a batch; see the module docstring for the menu."""
+    if name not in CORRECTIONS:
+        raise ValueError(f"unknown correction {name!r}; choose from {sorted(CORRECTIONS)}")
+    valid = [o for o in options_of(name) if o != "estimator"]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(f"correction {name!r} got unknown option(s) {unknown}; it accepts {valid}")
+    b = prepare(old_logp, rollout_logp, mask)
+    weights, keep, clipped, extra = CORRECTIONS[name](b, **options)
+    weights = torch.where(keep, weights.float(), 0.0)  # (N, T)
+    if normalize:
+        n, s = all_sum(_s(keep.double()), _s(weights.double(), keep))
+        mean = _div(s, n)
+        weights = torch.where(mean > 0, weights / mean.clamp(min=1e-30).float(), weights)
+    metrics = mismatch_metrics(b)
+    metrics.update(_application_metrics(b, weights, keep, clipped))
+    metrics.update(extra)
+    if metrics_only:
+        weights, keep = b.mask.float(), b.mask
+    metrics = {k: v.detach().float() for k, v in metrics.items()}
+    return CorrectionResult(weights.detach(), keep, metrics)
+
+
+def _application_metrics(b: Batch, weights, keep, clipped) -> dict[str, torch.Tensor]:
+    """Applied-weight statistics and the clip / mask fractions, token- and sequence-level."""
+    seq_kept = (keep.any(-1) & b.seq_mask).double()  # (N,)
+    seq_clipped = (clipped & b.mask).any(-1).double()
+    n, n_seq, n_keep, n_clip, s_seq_keep, s_seq_clip = all_sum(
+        _s(b.mask.double()), _s(b.seq_mask.double()), _s(keep.double()), _s(clipped.double(), b.mask),
+        seq_kept.sum(dtype=torch.float64), seq_clipped.sum(dtype=torch.float64),
+    )  # fmt: skip
+    out = weight_stats(weights, keep, "weight")
+    out["clip_frac_token"] = _div(n_clip, n)
+    out["clip_frac_seq"] = _div(s_seq_clip, n_seq)
+    out["mask_frac_token"] = _div(n - n_keep, n)
+    out["mask_frac_seq"] = _div(n_seq - s_seq_keep, n_seq)
+    return out
+
+
+def ais_weights(old_logp, rollout_logp, mask, cap: float = 2.0, **options):
+    """`w, metrics = ais_weights(...)`: the AIS weights as in DESIGN.md's house-style example."""
+    res = correct("ais", old_logp, rollout_logp, mask, cap=cap, **options)
+    return res.weights, res.metrics

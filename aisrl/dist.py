@@ -1,0 +1,46 @@
+"""Reductions that give the same answer on one process and on many.
+
+Every batch statistic in aisrl (a diagnostic, a loss denominator) is built from sums, maxima and
+minima of per-token quantities. When `torch.distributed` is initialised, those are all-reduced
+across ranks *before* any ratio is taken, so a statistic computed on a sharded batch equals the one
+computed on the whole batch in a single process (DESIGN.md section 3, property 6). Each helper
+stacks its arguments and issues a single collective, so a metric set costs a handful of
+all-reduces, not one per number.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def is_distributed() -> bool:
+    """True when a default process group exists (torchrun / init_process_group was called)."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def _reduce(xs: tuple[torch.Tensor, ...], op) -> tuple[torch.Tensor, ...]:
+    if not is_distributed() or not xs:
+        return xs
+    flat = torch.stack([x.reshape(()).to(torch.float64) for x in xs])  # (k,)
+    dist.all_reduce(flat, op=op)
+    return tuple(v.to(x.dtype) for v, x in zip(flat.unbind(0), xs, strict=True))
+
+
+def all_sum(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Sum scalars over ranks (identity on one process)."""
+    return _reduce(xs, dist.ReduceOp.SUM if is_distributed() else None)
+
+
+def all_max(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Max of scalars over ranks (identity on one process)."""
+    return _reduce(xs, dist.ReduceOp.MAX if is_distributed() else None)
+
+
+def all_min(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Min of scalars over ranks, as the negated max of negations (gloo has no MIN for all dtypes)."""
+    return tuple(-v for v in all_max(*(-x for x in xs)))

@@ -1,0 +1,135 @@
+"""GRPO / PPO policy loss and group advantages.
+
+GRPO (Shao et al. 2024, arXiv 2402.03300) samples G completions per prompt and uses the
+group-normalised reward as every token's advantage:
+
+    A_i = (R_i - mean_g R) / (std_g R + eps)                       (scale=False drops the division)
+
+The per-token clipped surrogate of PPO (Schulman et al. 2017), with r_t = exp(logp_t - old_logp_t):
+
+    l_t = -min(r_t A, clip(r_t, 1 - eps_lo, 1 + eps_hi) A)
+    dual clip (Ye et al. 2020), for A < 0 only:  l_t = min(l_t, -c A),  c > 1
+
+is multiplied by a detached mismatch weight omega_t (aisrl.correction) and optionally augmented by
+beta * k3(pi_ref || pi), then aggregated over the mask:
+
+    token-mean                sum_it l / sum_it m                       (DAPO)
+    seq-mean-token-mean       mean_i (sum_t l / sum_t m)                (original GRPO)
+    seq-mean-token-sum        mean_i sum_t l
+    seq-mean-token-sum-norm   sum_it l / (N_seq * T)                    (Dr. GRPO: a constant horizon T)
+
+Distributed: denominators are all-reduced and the local loss is scaled by the world size, so that
+DDP's gradient averaging yields exactly the gradient of the global-batch loss; the reported metrics
+are global. An empty mask gives a loss of exactly 0 that still backpropagates (zero gradients).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from aisrl.diagnostics import _div, _s
+from aisrl.dist import all_sum, world_size
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+RATIO_LOG_CLAMP = 20.0
+"""|logp - old_logp| is clamped to this before exponentiating, so no ratio is inf."""
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True, eps: float = 1e-4):
+    """(B*G,) rewards, grouped consecutively by prompt -> (B*G,) advantages, vectorised."""
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must have shape (B*G,), got {tuple(rewards.shape)}")
+    if group_size < 2 or rewards.numel() % group_size:
+        raise ValueError(
+            f"group_size must be >= 2 and divide the number of rewards ({rewards.numel()}); got {group_size}"
+        )
+    r = rewards.detach().float().view(-1, group_size)  # (B, G)
+    adv = r - r.mean(-1, keepdim=True)  # (B, G)
+    if scale:
+        adv = adv / (r.std(-1, keepdim=True) + eps)
+    return adv.reshape(-1)
+
+
+def _masked_aggregate(per_tok: torch.Tensor, m: torch.Tensor, agg: str) -> torch.Tensor:
+    """Aggregate (N, T) per-token values over the float mask m with global denominators."""
+    if agg == "token-mean":
+        (den,) = all_sum(_s(m))
+        return (per_tok * m).sum() / den.clamp(min=1.0).to(per_tok.dtype)
+    seq_mask = (m.sum(-1) > 0).to(per_tok.dtype)  # (N,)
+    (n_seq,) = all_sum(_s(seq_mask))
+    n_seq = n_seq.clamp(min=1.0).to(per_tok.dtype)
+    if agg == "seq-mean-token-mean":
+        per_seq = (per_tok * m).sum(-1) / m.sum(-1).clamp(min=1.0)  # (N,)
+        return per_seq.sum() / n_seq
+    if agg == "seq-mean-token-sum":
+        return (per_tok * m).sum() / n_seq
+    return (per_tok * m).sum() / (n_seq * m.shape[-1])  # seq-mean-token-sum-norm
+
+
+def grpo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    weights: torch.Tensor | None = None,
+    clip: tuple[float, float] = (0.2, 0.2),
+    dual_clip: float | None = None,
+    agg: str = "token-mean",
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped policy loss of GRPO with mismatch weights; returns (scalar loss, detached metrics)."""
+    if agg not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {agg!r}; choose from {list(AGGREGATIONS)}")
+    if logp.shape != old_logp.shape or logp.shape != mask.shape or logp.dim() != 2:
+        raise ValueError(
+            f"logp, old_logp and mask must share one (N, T) shape; got {tuple(logp.shape)}, "
+            f"{tuple(old_logp.shape)}, {tuple(mask.shape)}"
+        )
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (it bounds the loss of negative advantages), got {dual_clip}")
+    if ref_logp is None and kl_coef:
+        raise ValueError("kl_coef > 0 needs ref_logp (log-probs under the reference policy)")
+    m = mask.detach().to(logp.dtype)  # (N, T)
+    on = m > 0
+    adv = adv.detach().to(logp.dtype)
+    adv = adv[:, None] if adv.dim() == 1 else adv  # (N, 1) or (N, T)
+    adv = torch.where(on, adv, 0.0)  # (N, T)
+    log_ratio = torch.where(on, logp - old_logp.detach(), 0.0).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)
+    ratio = log_ratio.exp()  # (N, T)
+    lo, hi = clip
+    pg_unclipped = -adv * ratio  # (N, T)
+    pg_clipped = -adv * ratio.clamp(1.0 - lo, 1.0 + hi)
+    pg = torch.maximum(pg_unclipped, pg_clipped)  # (N, T)
+    clipped = (pg_clipped > pg_unclipped) & on
+    dual = torch.zeros_like(on)
+    if dual_clip is not None:
+        bound = -adv * dual_clip  # (N, T), positive where adv < 0
+        dual = (adv < 0) & (pg > bound) & on
+        pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)
+    if weights is not None:
+        pg = pg * torch.where(on, weights.detach().to(logp.dtype), 0.0)
+    per_tok = pg
+    kl_ref = torch.zeros_like(pg)
+    if ref_logp is not None:
+        d = torch.where(on, ref_logp.detach() - logp, 0.0).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)
+        kl_ref = d.exp() - d - 1.0  # (N, T) k3 of KL(pi || pi_ref)
+        per_tok = per_tok + kl_coef * kl_ref
+    loss = _masked_aggregate(per_tok, m, agg) * world_size()
+    with torch.no_grad():
+        n, s_clip, s_dual, s_ratio, s_k3, s_kl_ref, s_pg = all_sum(
+            _s(m.double()), _s(clipped.double()), _s(dual.double()), _s(ratio.double(), on),
+            _s((ratio - 1 - log_ratio).double(), on), _s(kl_ref.double(), on), _s(pg.double(), on),
+        )  # fmt: skip
+        (loss_global,) = all_sum(loss.detach().double())
+        metrics = {
+            "loss": loss_global / world_size(),
+            "pg_loss": _div(s_pg, n),
+            "pg_clip_frac": _div(s_clip, n),
+            "pg_dual_clip_frac": _div(s_dual, n),
+            "ratio_mean": _div(s_ratio, n),
+            "approx_kl": _div(s_k3, n),
+            "kl_ref": _div(s_kl_ref, n),
+        }
+    return loss, {k: v.float() for k, v in metrics.items()}

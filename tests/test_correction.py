@@ -1,0 +1,226 @@
+"""Each correction's weights, masks and metrics on a hand-made batch.
+
+Two sequences: A with token ratios w = (2.5, 0.4, 1) and B with w = (4, 1.5) plus one padding slot
+holding garbage. Expected values are computed here with `math` from those ratios.
+"""
+
+import math
+
+import pytest
+import torch
+
+from aisrl.correction import CORRECTIONS, ais_weights, correct
+
+W_A, W_B = [2.5, 0.4, 1.0], [4.0, 1.5]
+SEQ_W = [math.prod(W_A), math.prod(W_B)]  # [1.0, 6.0]
+
+
+def k3(w):
+    return w - 1 - math.log(w)
+
+
+@pytest.fixture
+def batch():
+    roll = torch.log(torch.tensor([[0.2, 0.5, 0.3], [0.1, 0.4, 0.7]]))
+    ratios = torch.tensor([W_A, W_B + [1.0]])
+    old = roll + ratios.log()
+    old[1, 2] = float("nan")  # padding may hold anything
+    roll[1, 2] = -float("inf")
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    return old, roll, mask
+
+
+def close(t, expected, atol=1e-5):
+    torch.testing.assert_close(t.float(), torch.tensor(expected, dtype=torch.float32), atol=atol, rtol=1e-5)
+
+
+def test_unknown_name_lists_valid_ones(batch):
+    with pytest.raises(ValueError, match=r"unknown correction 'tiss'; choose from \[.*'ais'.*'tis'"):
+        correct("tiss", *batch)
+
+
+def test_unknown_option_names_it(batch):
+    with pytest.raises(ValueError, match=r"'tis' got unknown option\(s\) \['capp'\]"):
+        correct("tis", *batch, capp=2.0)
+
+
+def test_none(batch):
+    res = correct("none", *batch)
+    close(res.weights, [[1, 1, 1], [1, 1, 0]])
+    assert torch.equal(res.mask, batch[2])
+
+
+def test_tis_truncates_tokens(batch):
+    res = correct("tis", *batch, cap=3.0)
+    close(res.weights, [[2.5, 0.4, 1.0], [3.0, 1.5, 0.0]])
+    close(res.metrics["clip_frac_token"], 1 / 5)
+    close(res.metrics["clip_frac_seq"], 1 / 2)
+
+
+def test_tis_two_sided(batch):
+    res = correct("tis", *batch, cap=3.0, floor=0.5)
+    close(res.weights, [[2.5, 0.5, 1.0], [3.0, 1.5, 0.0]])
+    close(res.metrics["clip_frac_token"], 2 / 5)
+
+
+def test_seq_tis(batch):
+    res = correct("seq_tis", *batch, cap=3.0)
+    close(res.weights, [[1, 1, 1], [3, 3, 0]])
+    close(res.metrics["clip_frac_seq"], 1 / 2)
+
+
+def test_geo_tis(batch):
+    g = math.sqrt(6.0)
+    close(correct("geo_tis", *batch, cap=3.0).weights, [[1, 1, 1], [g, g, 0]])
+    close(correct("geo_tis", *batch, cap=2.0).weights, [[1, 1, 1], [2, 2, 0]])
+
+
+def test_icepop_band(batch):
+    res = correct("icepop", *batch, low=0.3, high=3.0)
+    assert res.mask.tolist() == [[True, True, True], [False, True, False]]
+    close(res.weights, [[2.5, 0.4, 1.0], [0.0, 1.5, 0.0]])
+    close(res.metrics["mask_frac_token"], 1 / 5)
+    close(res.metrics["mask_frac_seq"], 0.0)
+
+
+def test_seq_and_geo_masks(batch):
+    for name, opts in [("seq_mask", {"low": 0.5, "high": 2.0}), ("geo_mask", {})]:
+        res = correct(name, *batch, **opts)
+        assert res.mask.tolist() == [[True, True, True], [False, False, False]], name
+        close(res.weights, [[1, 1, 1], [0, 0, 0]])
+        close(res.metrics["mask_frac_seq"], 1 / 2)
+        close(res.metrics["mask_frac_token"], 2 / 5)
+
+
+@pytest.mark.parametrize(
+    "level,threshold,keep",
+    [
+        ("token", 0.35, [[False, True, True], [False, True, False]]),  # k3: .584 .316 0 | 1.614 .095
+        ("seq_mean", 0.35, [[True, True, True], [False, False, False]]),  # means .300 | .854
+        ("seq_max", 0.6, [[True, True, True], [False, False, False]]),  # maxima .584 | 1.614
+        ("seq_max", 0.5, [[False, False, False], [False, False, False]]),
+        ("seq_sum", 1.0, [[True, True, True], [False, False, False]]),  # sums .900 | 1.708
+    ],
+)
+def test_k3_reject_levels(batch, level, threshold, keep):
+    assert sum(k3(w) for w in W_A) / 3 == pytest.approx(0.29998, abs=1e-4)  # the hand values above
+    res = correct("k3_reject", *batch, level=level, threshold=threshold)
+    assert res.mask.tolist() == keep
+
+
+def test_k1_k2_reject(batch):
+    # k1 per token = -log w; seq means: A = 0, B = -(log 4 + log 1.5)/2 = -0.896
+    assert correct("k1_reject", *batch, threshold=0.5).mask.tolist() == [[True] * 3, [False] * 3]
+    # k2 = (log w)^2 / 2: A0 .420, A1 .420, A2 0, B0 .961, B1 .082
+    res = correct("k2_reject", *batch, level="token", threshold=0.5)
+    assert res.mask.tolist() == [[True, True, True], [False, True, False]]
+
+
+def test_veto_drops_sequence_with_tiny_ratio(batch):
+    res = correct("veto", *batch, threshold=0.45)
+    assert res.mask.tolist() == [[False, False, False], [True, True, False]]
+
+
+def test_ais_fixed_alpha_interpolates(batch):
+    res = correct("ais", *batch, cap=3.0, alpha=0.5)
+    close(res.weights, [[1.75, 0.7, 1.0], [2.0, 1.25, 0.0]])
+    close(res.metrics["alpha"], 0.5)
+
+
+def test_ais_ema_uses_previous_alpha(batch):
+    batch_alpha = correct("ais", *batch).metrics["alpha"]
+    res = correct("ais", *batch, ema=0.75, prev_alpha=0.2)
+    close(res.metrics["alpha"], 0.75 * 0.2 + 0.25 * batch_alpha.item())
+    close(res.metrics["alpha_batch"], batch_alpha.item())
+
+
+def test_ais_weights_house_style(batch):
+    w, metrics = ais_weights(*batch, cap=2.0)
+    assert torch.equal(w, correct("ais", *batch, cap=2.0).weights)
+    assert {"alpha", "weight_reliability", "divergence_severity", "variance_amplification"} <= set(metrics)
+
+
+def test_normalize_divides_by_batch_mean(batch):
+    res = correct("tis", *batch, cap=3.0, normalize=True)
+    mean = (2.5 + 0.4 + 1 + 3 + 1.5) / 5
+    close(res.weights, [[2.5 / mean, 0.4 / mean, 1 / mean], [3 / mean, 1.5 / mean, 0]])
+
+
+def test_metrics_only_applies_nothing(batch):
+    applied = correct("icepop", *batch, low=0.3, high=3.0)
+    res = correct("icepop", *batch, low=0.3, high=3.0, metrics_only=True)
+    assert torch.equal(res.mask, batch[2])
+    close(res.weights, [[1, 1, 1], [1, 1, 0]])
+    assert res.metrics["mask_frac_token"] == applied.metrics["mask_frac_token"]
+
+
+def test_mismatch_metrics_by_hand(batch):
+    m = correct("none", *batch).metrics
+    ws = W_A + W_B
+    logs = [math.log(w) for w in ws]
+    close(m["kl"], -sum(logs) / 5)
+    close(m["k3_kl"], sum(k3(w) for w in ws) / 5)
+    close(m["chi2_token"], sum(w * w for w in ws) / 5 - 1)
+    close(m["chi2_seq"], sum(w * w for w in SEQ_W) / 2 - 1)
+    close(m["ess"], sum(SEQ_W) ** 2 / (2 * sum(w * w for w in SEQ_W)))
+    close(m["logprob_abs_diff_mean"], sum(map(abs, logs)) / 5)
+    close(m["logprob_abs_diff_max"], math.log(4))
+    close(m["token_prob_mult_error"], math.exp(sum(map(abs, logs)) / 5))
+    close(m["ratio_frac_above_2"], 2 / 5)
+    close(m["ratio_frac_below_half"], 1 / 5)
+    close(m["is_weight_max"], 4.0)
+    close(m["is_weight_min"], 0.4)
+    close(m["is_weight_mean"], sum(ws) / 5)
+    close(m["is_weight_std"], math.sqrt(sum(w * w for w in ws) / 5 - (sum(ws) / 5) ** 2))
+    old, roll, mask = batch
+    nll_t, nll_r = -old[mask].mean().item(), -roll[mask].mean().item()
+    close(m["training_ppl"], math.exp(nll_t))
+    close(m["rollout_ppl"], math.exp(nll_r))
+    close(m["ppl_ratio"], math.exp(nll_t - nll_r))
+    close(m["ppl_ratio"], math.exp(m["kl"].item()))  # identity: ppl ratio = exp(k1)
+    close(m["ppl_diff"], math.exp(nll_t) - math.exp(nll_r), atol=1e-4)
+
+
+def test_every_correction_reports_the_full_metric_set(batch):
+    required = {
+        "ess", "kl", "k3_kl", "chi2_token", "chi2_seq", "training_ppl", "rollout_ppl", "ppl_diff",
+        "ppl_ratio", "logprob_abs_diff_mean", "logprob_abs_diff_max", "token_prob_mult_error",
+        "clip_frac_token", "clip_frac_seq", "mask_frac_token", "mask_frac_seq", "ratio_frac_above_2",
+        "ratio_frac_below_half", "is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max",
+        "weight_mean", "weight_std", "weight_min", "weight_max",
+    }  # fmt: skip
+    ais_only = {"weight_reliability", "divergence_severity", "variance_amplification", "alpha"}
+    for name in CORRECTIONS:
+        res = correct(name, *batch)
+        assert required <= set(res.metrics), (name, required - set(res.metrics))
+        assert (ais_only <= set(res.metrics)) == (name == "ais")
+        for k, v in res.metrics.items():
+            assert v.dim() == 0 and not v.requires_grad and torch.isfinite(v), (name, k)
+
+
+def test_nan_at_counted_position_is_dropped_not_propagated(batch):
+    old, roll, mask = batch
+    old = old.clone()
+    old[0, 1] = float("nan")
+    res = correct("tis", old, roll, mask, cap=3.0)
+    assert not res.mask[0, 1] and res.mask[0, 0]
+    close(res.metrics["nonfinite_frac"], 1 / 5)
+    assert all(torch.isfinite(v) for v in res.metrics.values())
+
+
+@pytest.mark.parametrize("bad", [{"cap": -1.0}, {"cap": 2.0, "floor": 3.0}])
+def test_bad_cap_is_a_clear_error(batch, bad):
+    with pytest.raises(ValueError, match="cap"):
+        correct("tis", *batch, **bad)
+
+
+def test_bad_shapes_and_levels(batch):
+    old, roll, mask = batch
+    with pytest.raises(ValueError, match=r"share one \(N, T\) shape"):
+        correct("tis", old, roll[:, :2], mask)
+    with pytest.raises(ValueError, match=r"must have shape \(N, T\)"):
+        correct("tis", old[0], roll[0], mask[0])
+    with pytest.raises(ValueError, match="unknown level 'seq' for k3_reject"):
+        correct("k3_reject", *batch, level="seq")
+    with pytest.raises(ValueError, match="band"):
+        correct("icepop", *batch, low=2.0, high=1.0)
