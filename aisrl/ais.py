@@ -12,11 +12,14 @@ diagnostics, each computed from all-reduced sums (`aisrl.dist`):
 - variance amplification Gamma = E[wbar^2] / E[wbar]^2 >= 1 (token level, truncated weights).
 
 The combination is the minimiser of a surrogate mean-squared error of the interpolated gradient,
-MSE(alpha) ~ (1 - alpha)^2 |b|^2 + alpha^2 v / N_eff, with |b|^2 bounded through Pinsker by a
-multiple of the KL (severity), v by the chi-square excess (Gamma - 1) and N_eff = rho * N_seq:
+MSE(alpha) ~ (1 - alpha)^2 |b|^2 + alpha^2 v / N_eff. The squared bias of the uncorrected gradient is
+bounded through Pinsker's inequality in its oscillation form, |E_mu f - E_pi f| <= osc(f) sqrt(KL / 2),
+so |b|^2 ~ S / 2; the extra variance of the truncated IS gradient is v ~ Gamma - 1; and the effective
+number of independent samples is N_eff = rho * N_seq. Hence
 
-    alpha = 2 S / (2 S + (Gamma - 1) / (rho * N_seq))     clipped to [0, 1], 0 when S == 0.
+    alpha* = (S / 2) / (S / 2 + (Gamma - 1) / (rho N_seq)) = rho N_seq S / (rho N_seq S + 2 (Gamma - 1)),
 
+clipped to [0, 1] and 0 when S == 0 (no mismatch: the on-policy gradient is recovered exactly).
 docs/ais.md derives it, lists the variants we measured, and shows the benchmark numbers that chose it
 (benchmarks/estimator.py). An optional EMA across steps smooths alpha: alpha_t = ema * alpha_{t-1} +
 (1 - ema) * alpha_batch, with the previous value passed in by the caller (the function stays pure).
@@ -59,9 +62,8 @@ def ais_alpha(
     num_seqs: torch.Tensor,
 ) -> torch.Tensor:
     """Mixing coefficient in [0, 1] from the three diagnostics (see the module docstring)."""
-    n_eff = (reliability * num_seqs).clamp(min=1.0)
-    bias2 = 2.0 * severity  # Pinsker: |b|^2 <= 2 KL, up to the scale of the score
-    var = (amplification - 1.0).clamp(min=0.0) / n_eff
-    alpha = _div(bias2, bias2 + var)
+    n_eff = reliability * num_seqs  # rho * N_seq
+    bias2 = n_eff * severity  # N_eff * S, i.e. 2 N_eff |b|^2
+    alpha = _div(bias2, bias2 + 2.0 * (amplification - 1.0).clamp(min=0.0))
     alpha = torch.where(severity > SEVERITY_EPS, alpha, torch.zeros_like(alpha))
     return alpha.clamp(0.0, 1.0)

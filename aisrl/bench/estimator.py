@@ -24,7 +24,6 @@ the best fixed interpolation (1 - a) g_none + a g_tis for that sweep point (exac
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -149,6 +148,10 @@ def run_point(cfg: EstimatorBenchConfig, pol: TabularPolicy, sharp: float, stren
 
     for name, g in grads.items():
         out[name] = ((g - grad).pow(2).sum(-1).mean() / norm2).item()
+    for name, a in (("none", 0.0), ("tis", 1.0)):  # the interpolation's end points
+        if name in grads:  # the real correction must give exactly the end point
+            assert math.isclose(out[name], rel_mse(a), rel_tol=1e-4), (name, out[name], rel_mse(a))
+        out.setdefault(name, rel_mse(a))
     a_star = ((d0 * d01).sum() / d01.pow(2).sum().clamp(min=1e-300)).clamp(0.0, 1.0)
     out["oracle"] = rel_mse(a_star)
     diag = {"oracle_alpha": a_star.item(), "seq_ess": _seq_ess(old - roll),
@@ -242,16 +245,18 @@ def markdown(result: dict) -> str:
 
 
 def main(cfg: EstimatorBenchConfig | None = None, out: str | None = None) -> dict:
+    """Run the sweep, print the table, write JSON (with the machine it ran on) to `out`."""
+    from aisrl.bench.report import machine, write_json
+
     cfg = cfg or EstimatorBenchConfig()
     result = run(cfg)
+    result["machine"] = machine()
     print(markdown(result))
     print(f"({result['seconds']:.0f} s)")
     if out:
-        with open(out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(out, result)
     return result
 
 
 if __name__ == "__main__":
     main()
-    _ = math

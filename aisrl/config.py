@@ -1,0 +1,73 @@
+"""Typed dataclass configs with dotted `key=value` overrides.
+
+Values are parsed as Python literals (numbers, booleans, lists, strings) and checked against the
+field's annotated type, so `batches=ten` or `nonsense=1` fail with a message naming the key, instead
+of silently running a different experiment.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import typing
+
+
+def _parse(text: str):
+    lowered = {"true": True, "false": False, "none": None, "null": None}
+    if text.lower() in lowered:
+        return lowered[text.lower()]
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text  # a bare string
+
+
+def _check(key: str, value, typ):
+    origin, args = typing.get_origin(typ), typing.get_args(typ)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"config key {key!r} expects a list, got {value!r}")
+        return [_check(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)] if args else list(value)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        for a in args:
+            try:
+                return _check(key, value, a)
+            except ValueError:
+                continue
+        raise ValueError(f"config key {key!r} expects {typ}, got {value!r}")
+    if typ is type(None):
+        if value is None:
+            return None
+        raise ValueError(f"config key {key!r} expects None, got {value!r}")
+    if typ is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if typ in (int, str, bool) and type(value) is typ:
+        return value
+    if dataclasses.is_dataclass(typ):
+        raise ValueError(f"config key {key!r} is a section; set its fields as {key}.<field>=...")
+    raise ValueError(f"config key {key!r} expects {getattr(typ, '__name__', typ)}, got {value!r}")
+
+
+def apply_overrides(cfg, overrides: list[str]):
+    """Apply `a.b=value` strings to a (nested) dataclass instance in place; returns it."""
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} must look like key=value")
+        key, text = item.split("=", 1)
+        *path, last = key.strip().split(".")
+        target = cfg
+        for part in path:
+            target = _field_value(target, part, key)
+        hints = typing.get_type_hints(type(target))
+        if last not in hints or last not in {f.name for f in dataclasses.fields(target)}:
+            valid = sorted(f.name for f in dataclasses.fields(target))
+            raise ValueError(f"unknown config key {key!r}; valid keys here: {valid}")
+        setattr(target, last, _check(key, _parse(text.strip()), hints[last]))
+    return cfg
+
+
+def _field_value(obj, part: str, key: str):
+    names = {f.name for f in dataclasses.fields(obj)}
+    if part not in names:
+        raise ValueError(f"unknown config key {key!r}: {part!r} is not one of {sorted(names)}")
+    return getattr(obj, part)

@@ -1,0 +1,29 @@
+"""Estimator-quality benchmark (DESIGN.md 8.1): writes benchmarks/results/estimator.json and the
+`estimator` section of BENCHMARKS.md.
+
+    python benchmarks/estimator.py [key=value ...]     # e.g. seed=1 groups=4 group_size=4
+"""
+
+import sys
+from pathlib import Path
+
+from aisrl.bench.estimator import EstimatorBenchConfig, main, markdown
+from aisrl.bench.report import update_section
+from aisrl.config import apply_overrides
+
+ROOT = Path(__file__).resolve().parent.parent
+
+if __name__ == "__main__":
+    cfg = apply_overrides(EstimatorBenchConfig(), sys.argv[1:])
+    result = main(cfg, str(ROOT / "benchmarks/results/estimator.json"))
+    m = result["machine"]
+    c = result["config"]
+    cmd = "python benchmarks/estimator.py" + "".join(f" {a}" for a in sys.argv[1:])
+    body = (
+        f"Command: `{cmd}` ({result['seconds']:.0f} s on {m['cpus']} CPUs, {m['processor']}, "
+        f"torch {m['torch']}).\n\n"
+        f"V={c['vocab']}, L={c['length']}, batch N={c['groups']}x{c['group_size']}, cap C={c['cap']}, "
+        f"{c['batches']} batches x {c['instances']} random instances per point. Relative gradient MSE "
+        f"E|g_hat - g|^2 / |g|^2 (lower is better; bold = best non-oracle).\n\n" + markdown(result)
+    )
+    update_section(ROOT / "BENCHMARKS.md", "estimator", body)

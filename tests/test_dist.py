@@ -1,0 +1,33 @@
+"""DESIGN.md section 3 property 6: two gloo processes give the single-process diagnostics and gradient."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).parent
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_match_single_process(tmp_path):
+    out = tmp_path / "dist.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(HERE / "dist_worker.py"), str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sharded = json.loads(out.read_text())
+    sys.path.insert(0, str(HERE))
+    from dist_worker import run
+
+    single = run()
+    assert sharded.keys() == single.keys()
+    for key, ref in single.items():
+        for metric, value in ref.items():
+            got = torch.tensor(sharded[key][metric], dtype=torch.float64)
+            want = torch.tensor(value, dtype=torch.float64)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=f"{key}: {metric}")

@@ -1,0 +1,123 @@
+"""grpo_loss and group_advantages against values computed by hand."""
+
+import math
+
+import pytest
+import torch
+
+from aisrl.losses import AGGREGATIONS, group_advantages, grpo_loss
+
+
+def test_group_advantages_by_hand():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    std = math.sqrt(4 * 0.25 / 3)  # unbiased std of (1, 0, 0, 1)
+    expected = [0.5 / (std + 1e-4), -0.5 / (std + 1e-4), -0.5 / (std + 1e-4), 0.5 / (std + 1e-4)] + [0.0] * 4
+    torch.testing.assert_close(group_advantages(r, 4), torch.tensor(expected))
+    torch.testing.assert_close(group_advantages(r, 4, scale=False), torch.tensor([0.5, -0.5, -0.5, 0.5] + [0.0] * 4))
+
+
+@pytest.mark.parametrize("g", [1, 3])
+def test_group_advantages_bad_group_size(g):
+    with pytest.raises(ValueError, match="group_size"):
+        group_advantages(torch.zeros(8), g)
+
+
+def _one_token(ratio, adv, **kw):
+    logp = torch.tensor([[math.log(ratio)]], requires_grad=True)
+    old = torch.zeros(1, 1)
+    loss, m = grpo_loss(logp, old, torch.tensor([adv]), torch.ones(1, 1, dtype=torch.bool), **kw)
+    return loss.item(), m
+
+
+@pytest.mark.parametrize(
+    "ratio,adv,expected",
+    [
+        (1.5, 1.0, -1.2),  # -min(1.5, 1.2)
+        (1.5, -1.0, 1.5),  # -min(-1.5, -1.2)
+        (0.5, 1.0, -0.5),  # -min(0.5, 0.8)
+        (0.5, -1.0, 0.8),  # -min(-0.5, -0.8)
+        (1.1, 2.0, -2.2),  # inside the trust region
+    ],
+)
+def test_clipped_surrogate(ratio, adv, expected):
+    loss, _ = _one_token(ratio, adv)
+    assert loss == pytest.approx(expected, rel=1e-6)
+
+
+def test_asymmetric_clip_and_dual_clip():
+    assert _one_token(1.5, 1.0, clip=(0.2, 0.28))[0] == pytest.approx(-1.28, rel=1e-6)
+    loss, m = _one_token(4.0, -1.0, dual_clip=3.0)  # -min(-4, -1.2) = 4, bounded by 3
+    assert loss == pytest.approx(3.0) and m["pg_dual_clip_frac"] == 1.0
+    assert _one_token(4.0, 1.0, dual_clip=3.0)[0] == pytest.approx(-1.2)  # positive adv untouched
+
+
+def test_aggregations_by_hand():
+    # per-token loss at ratio 1 is -A * w; two sequences with 3 and 1 counted tokens, T = 4
+    logp = torch.zeros(2, 4, requires_grad=True)
+    adv = torch.tensor([1.0, 2.0])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    w = torch.tensor([[1.0, 2.0, 3.0, 9.0], [0.5, 9.0, 9.0, 9.0]])
+    tok = [[-1.0, -2.0, -3.0], [-1.0]]
+    expected = {
+        "token-mean": (sum(tok[0]) + sum(tok[1])) / 4,
+        "seq-mean-token-mean": (sum(tok[0]) / 3 + sum(tok[1]) / 1) / 2,
+        "seq-mean-token-sum": (sum(tok[0]) + sum(tok[1])) / 2,
+        "seq-mean-token-sum-norm": (sum(tok[0]) + sum(tok[1])) / (2 * 4),
+    }
+    assert set(expected) == set(AGGREGATIONS)
+    for agg, value in expected.items():
+        loss, _ = grpo_loss(logp, torch.zeros(2, 4), adv, mask, weights=w, agg=agg)
+        assert loss.item() == pytest.approx(value), agg
+
+
+def test_gradient_at_ratio_one_is_weighted_policy_gradient():
+    logp = torch.zeros(2, 3, requires_grad=True)
+    adv = torch.tensor([1.0, -2.0])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
+    w = torch.tensor([[2.0, 0.5, 7.0], [1.0, 1.0, 3.0]])
+    loss, _ = grpo_loss(logp, torch.zeros(2, 3), adv, mask, weights=w)
+    loss.backward()
+    expected = -(adv[:, None] * w * mask) / mask.sum()  # d/dlogp of -A r w, r = exp(logp - old)
+    torch.testing.assert_close(logp.grad, expected)
+
+
+def test_per_token_advantages_and_kl_to_reference():
+    logp = torch.log(torch.tensor([[0.5, 0.25]])).requires_grad_(True)
+    ref = torch.log(torch.tensor([[0.25, 0.25]]))
+    adv = torch.tensor([[1.0, -1.0]])
+    loss, m = grpo_loss(logp, logp.detach(), adv, torch.ones(1, 2, dtype=torch.bool), ref_logp=ref, kl_coef=0.1)
+    k3 = (0.5 - 1 - math.log(0.5)) / 2  # token 1: exp(d) - d - 1 with d = log(0.25/0.5); token 2: 0
+    assert m["kl_ref"].item() == pytest.approx(k3, rel=1e-5)
+    assert loss.item() == pytest.approx((-1.0 + 1.0) / 2 + 0.1 * k3, rel=1e-5)
+
+
+def test_empty_mask_gives_zero_loss_with_zero_gradient():
+    logp = torch.randn(3, 4, requires_grad=True)
+    old = torch.full((3, 4), float("nan"))  # padding garbage never leaks
+    for agg in AGGREGATIONS:
+        loss, m = grpo_loss(logp, old, torch.ones(3), torch.zeros(3, 4, dtype=torch.bool), agg=agg)
+        (g,) = torch.autograd.grad(loss, logp)
+        assert loss.item() == 0.0 and torch.equal(g, torch.zeros_like(g))
+        assert all(torch.isfinite(v) for v in m.values())
+
+
+def test_metrics_are_detached_scalars():
+    logp = torch.randn(2, 3, requires_grad=True)
+    _, m = grpo_loss(logp, logp.detach() + 0.3, torch.tensor([1.0, -1.0]), torch.ones(2, 3, dtype=torch.bool))
+    assert {"loss", "pg_loss", "pg_clip_frac", "ratio_mean", "approx_kl", "kl_ref"} <= set(m)
+    assert all(v.dim() == 0 and not v.requires_grad for v in m.values())
+    assert 0.0 < m["pg_clip_frac"] <= 1.0
+
+
+def test_bad_arguments_are_clear_errors():
+    x = torch.zeros(2, 3)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    adv = torch.zeros(2)
+    with pytest.raises(ValueError, match="unknown aggregation 'mean'; choose from"):
+        grpo_loss(x, x, adv, mask, agg="mean")
+    with pytest.raises(ValueError, match="dual_clip must be > 1"):
+        grpo_loss(x, x, adv, mask, dual_clip=0.5)
+    with pytest.raises(ValueError, match="share one"):
+        grpo_loss(x, x[:, :2], adv, mask)
+    with pytest.raises(ValueError, match="needs ref_logp"):
+        grpo_loss(x, x, adv, mask, kl_coef=0.1)
