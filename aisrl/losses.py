@@ -88,7 +88,9 @@ def grpo_loss(
             f"{tuple(old_logp.shape)}, {tuple(mask.shape)}"
         )
     if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (it bounds the loss of negative advantages), got {dual_clip}")
+        raise ValueError(
+            f"dual_clip must be > 1 (it bounds the loss of negative advantages), got {dual_clip}"
+        )
     if ref_logp is None and kl_coef:
         raise ValueError("kl_coef > 0 needs ref_logp (log-probs under the reference policy)")
     m = mask.detach().to(logp.dtype)  # (N, T)

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 if __name__ == "__main__":
     cfg = apply_overrides(EstimatorBenchConfig(), sys.argv[1:])
-    result = main(cfg, str(ROOT / "benchmarks/results/estimator.json"))
+    n = cfg.groups * cfg.group_size
+    result = main(cfg, str(ROOT / f"benchmarks/results/estimator_N{n}.json"))
     m = result["machine"]
     c = result["config"]
     cmd = "python benchmarks/estimator.py" + "".join(f" {a}" for a in sys.argv[1:])
@@ -26,4 +27,7 @@ if __name__ == "__main__":
         f"{c['batches']} batches x {c['instances']} random instances per point. Relative gradient MSE "
         f"E|g_hat - g|^2 / |g|^2 (lower is better; bold = best non-oracle).\n\n" + markdown(result)
     )
-    update_section(ROOT / "BENCHMARKS.md", "estimator", body)
+    n = c["groups"] * c["group_size"]
+    default = EstimatorBenchConfig()
+    section = "estimator" if n == default.groups * default.group_size else f"estimator_N{n}"
+    update_section(ROOT / "BENCHMARKS.md", section, f"### Batch N = {n}\n\n" + body)

@@ -47,7 +47,7 @@ if __name__ == "__main__":
     rank, world = dist.get_rank(), dist.get_world_size()
     rows = slice(0, 5) if rank == 0 else slice(5, None)  # uneven shards
     out = run(rows)
-    for key, v in out.items():
+    for v in out.values():
         if "grad" in v:  # what DDP does: average gradients over ranks
             g = torch.tensor(v["grad"])
             dist.all_reduce(g)

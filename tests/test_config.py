@@ -1,0 +1,46 @@
+from dataclasses import dataclass, field
+
+import pytest
+
+from aisrl.config import apply_overrides
+
+
+@dataclass
+class Inner:
+    cap: float = 2.0
+    """doc"""
+    name: str = "ais"
+
+
+@dataclass
+class Cfg:
+    seed: int = 0
+    steps: list[float] = field(default_factory=lambda: [0.1])
+    flag: bool = False
+    opt: float | None = None
+    inner: Inner = field(default_factory=Inner)
+
+
+def test_typed_overrides():
+    cfg = apply_overrides(Cfg(), ["seed=3", "steps=[1, 2.5]", "flag=true", "inner.cap=4", "inner.name=tis", "opt=none"])
+    assert cfg.seed == 3 and cfg.steps == [1.0, 2.5] and cfg.flag is True and cfg.opt is None
+    assert cfg.inner.cap == 4.0 and isinstance(cfg.inner.cap, float) and cfg.inner.name == "tis"
+    assert apply_overrides(Cfg(), ["opt=0.5"]).opt == 0.5
+
+
+@pytest.mark.parametrize(
+    "item,message",
+    [
+        ("sed=1", r"unknown config key 'sed'; valid keys here: \['flag', 'inner', 'opt', 'seed', 'steps'\]"),
+        ("inner.capp=1", r"unknown config key 'inner.capp'"),
+        ("nope.cap=1", r"'nope' is not one of"),
+        ("seed=ten", r"config key 'seed' expects int, got 'ten'"),
+        ("seed=1.5", r"config key 'seed' expects int"),
+        ("steps=3", r"config key 'steps' expects a list"),
+        ("inner=3", r"'inner' is a section"),
+        ("seed", r"must look like key=value"),
+    ],
+)
+def test_bad_overrides_name_the_key(item, message):
+    with pytest.raises(ValueError, match=message):
+        apply_overrides(Cfg(), [item])
