@@ -39,9 +39,9 @@ SEVERITY_EPS = 1e-8
 def ais_diagnostics(b: Batch, cap: float, floor: float = 0.0) -> dict[str, torch.Tensor]:
     """The three AIS diagnostics of a prepared batch, all-reduced, as float64 scalars."""
     m = b.mask
-    w = b.w.double()
-    wbar = w.clamp(min=floor, max=cap)  # (N, T)
-    k3 = (w - 1.0 - b.delta.double()).clamp(min=0.0)  # (N, T)
+    d = b.delta.double()
+    wbar = d.exp().clamp(min=floor, max=cap)  # (N, T)
+    k3 = (torch.expm1(d) - d).clamp(min=0.0)  # (N, T), precise for tiny |d|
     n, s_k3, s_wb, s_wb2, n_seq = all_sum(
         _s(m.double()), _s(k3, m), _s(wbar, m), _s(wbar**2, m), _s(b.seq_mask.double())
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import types
 import typing
 
 
@@ -28,7 +29,7 @@ def _check(key: str, value, typ):
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"config key {key!r} expects a list, got {value!r}")
         return [_check(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)] if args else list(value)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         for a in args:
             try:
                 return _check(key, value, a)
@@ -62,8 +63,29 @@ def apply_overrides(cfg, overrides: list[str]):
         if last not in hints or last not in {f.name for f in dataclasses.fields(target)}:
             valid = sorted(f.name for f in dataclasses.fields(target))
             raise ValueError(f"unknown config key {key!r}; valid keys here: {valid}")
-        setattr(target, last, _check(key, _parse(text.strip()), hints[last]))
+        setattr(target, last, _from_text(key, text.strip(), hints[last]))
     return cfg
+
+
+def _from_text(key: str, text: str, typ):
+    """Parse override text guided by the field type: strings stay text (`name=none` is the string
+    'none'), lists accept unquoted items (`methods=[none,tis]`), `none` sets an optional field to None."""
+    origin, args = typing.get_origin(typ), typing.get_args(typ)
+    if typ is str:
+        return text[1:-1] if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" else text
+    if origin is list and text.startswith("[") and text.endswith("]"):
+        try:
+            return _check(key, ast.literal_eval(text), typ)
+        except (ValueError, SyntaxError):
+            items = [t.strip() for t in text[1:-1].split(",") if t.strip()]
+            elem = args[0] if args else str
+            return [_from_text(f"{key}[{i}]", t, elem) for i, t in enumerate(items)]
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        if text.lower() in ("none", "null"):
+            return None
+        (inner,) = [a for a in args if a is not type(None)][:1] or [str]
+        return _from_text(key, text, inner)
+    return _check(key, _parse(text), typ)
 
 
 def _field_value(obj, part: str, key: str):

@@ -54,8 +54,8 @@ Rule = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, t
 
 
 def _check_band(low: float, high: float) -> None:
-    if not (0.0 <= low <= high):
-        raise ValueError(f"need 0 <= low <= high for a ratio band, got low={low}, high={high}")
+    if not (0.0 <= low <= high and high > 0):
+        raise ValueError(f"need 0 <= low <= high and high > 0 for a ratio band, got low={low}, high={high}")
 
 
 def _check_cap(cap: float, floor: float) -> None:
@@ -169,12 +169,20 @@ def _ais(
         diag["weight_reliability"], diag["divergence_severity"], diag["variance_amplification"],
         diag.pop("num_seqs"),
     )  # fmt: skip
+    if alpha is not None and (ema > 0 or prev_alpha is not None):
+        raise ValueError("ais: pass either a fixed alpha or ema/prev_alpha smoothing, not both")
+    if prev_alpha is not None:
+        prev = float(prev_alpha)
+        if not 0.0 <= prev <= 1.0:  # also rejects NaN
+            raise ValueError(
+                f"ais prev_alpha must be a number in [0, 1] (last step's alpha), got {prev_alpha}"
+            )
     if alpha is not None:
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"ais alpha must be in [0, 1], got {alpha}")
         a = torch.tensor(float(alpha), dtype=torch.float64)
     elif prev_alpha is not None and ema > 0:
-        a = ema * torch.as_tensor(prev_alpha, dtype=torch.float64).cpu() + (1 - ema) * batch_alpha.cpu()
+        a = ema * prev + (1 - ema) * batch_alpha.cpu()
     else:
         a = batch_alpha
     a = a.to(b.delta.device)

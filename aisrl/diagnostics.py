@@ -46,7 +46,7 @@ class Batch:
     seq_mask: torch.Tensor  # (N,) bool: sequences with at least one counted token
     seq_log_w: torch.Tensor  # (N,) sum_t delta, the log sequence weight
     seq_len: torch.Tensor  # (N,) number of counted tokens
-    n_nonfinite: torch.Tensor  # () counted tokens dropped for NaN
+    n_nonfinite: torch.Tensor  # () counted tokens dropped for NaN / -inf trainer log-prob
 
     @property
     def w(self) -> torch.Tensor:
@@ -68,8 +68,10 @@ def prepare(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tens
     old = old_logp.detach().float()
     roll = rollout_logp.detach().float()
     given = mask.detach().bool()
-    raw = old - roll  # (N, T); NaN when either side is NaN or both are -inf
-    nan = torch.isnan(raw) & given
+    raw = old - roll  # (N, T)
+    # A counted token is unusable when either side is NaN, or the trainer gives it no probability
+    # (old_logp = -inf: its log-prob gradient is undefined). rollout_logp = -inf only makes w huge: clamped.
+    nan = (torch.isnan(raw) | ~torch.isfinite(old)) & given
     keep = given & ~nan
     delta = torch.where(keep, raw.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), 0.0)  # (N, T)
     zero = torch.zeros((), dtype=old.dtype, device=old.device)
@@ -99,7 +101,7 @@ def _ext(x: torch.Tensor, where: torch.Tensor, largest: bool) -> torch.Tensor:
     """Local max (or min) of x over `where`; -inf (or +inf) when nothing is selected."""
     fill = -math.inf if largest else math.inf
     x = torch.where(where, x, fill)
-    return (x.amax() if largest else x.amin()).double() if x.numel() else torch.tensor(fill).double()
+    return (x.amax() if largest else x.amin()).double() if x.numel() else x.new_full((), fill).double()
 
 
 def _div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -141,12 +143,13 @@ def weight_stats(x: torch.Tensor, where: torch.Tensor, prefix: str) -> dict[str,
 
 def mismatch_metrics(b: Batch) -> dict[str, torch.Tensor]:
     """The DESIGN.md section 4 metric set that depends only on the inputs (not on a correction)."""
-    m, w = b.mask, b.w
+    m = b.mask
     d = b.delta.double()
-    k3 = (w.double() - 1.0 - d).clamp(min=0.0)  # (N, T) >= 0 analytically; clamp rounding noise
+    w = d.exp()  # (N, T) in float64: k3 = expm1(d) - d keeps precision for tiny mismatches
+    k3 = (torch.expm1(d) - d).clamp(min=0.0)  # (N, T) >= 0 analytically; clamp rounding noise
     n_given = m.sum(dtype=torch.float64) + b.n_nonfinite.double()
     n, s_d, s_absd, s_k3, s_w2, s_old, s_roll, s_hi, s_lo, n_seq, nonfin = all_sum(
-        _s(m.double()), _s(d, m), _s(d.abs(), m), _s(k3, m), _s(w.double() ** 2, m),
+        _s(m.double()), _s(d, m), _s(d.abs(), m), _s(k3, m), _s(w**2, m),
         _s(b.old_logp.double(), m), _s(b.rollout_logp.double(), m),
         _s((w > 2.0).double(), m), _s((w < 0.5).double(), m),
         _s(b.seq_mask.double()), n_given,
@@ -180,7 +183,7 @@ def mismatch_metrics(b: Batch) -> dict[str, torch.Tensor]:
         "num_tokens": n,
         "num_seqs": n_seq,
     }
-    out.update(weight_stats(w, m, "is_weight"))
+    out.update(weight_stats(b.w, m, "is_weight"))
     return out
 
 

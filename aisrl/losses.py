@@ -16,7 +16,8 @@ beta * k3(pi_ref || pi), then aggregated over the mask:
     token-mean                sum_it l / sum_it m                       (DAPO)
     seq-mean-token-mean       mean_i (sum_t l / sum_t m)                (original GRPO)
     seq-mean-token-sum        mean_i sum_t l
-    seq-mean-token-sum-norm   sum_it l / (N_seq * T)                    (Dr. GRPO: a constant horizon T)
+    seq-mean-token-sum-norm   sum_it l / (N_seq * horizon)              (Dr. GRPO: constant horizon, e.g.
+                                                                        the max completion length)
 
 Distributed: denominators are all-reduced and the local loss is scaled by the world size, so that
 DDP's gradient averaging yields exactly the gradient of the global-batch loss; the reported metrics
@@ -50,8 +51,10 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True,
     return adv.reshape(-1)
 
 
-def _masked_aggregate(per_tok: torch.Tensor, m: torch.Tensor, agg: str) -> torch.Tensor:
-    """Aggregate (N, T) per-token values over the float mask m with global denominators."""
+def _masked_aggregate(per_tok: torch.Tensor, m: torch.Tensor, agg: str, horizon: int | None) -> torch.Tensor:
+    """Aggregate (N, T) per-token values over the float mask m with global denominators (in FP32+)."""
+    per_tok = per_tok.float() if per_tok.dtype in (torch.float16, torch.bfloat16) else per_tok
+    m = m.to(per_tok.dtype)
     if agg == "token-mean":
         (den,) = all_sum(_s(m))
         return (per_tok * m).sum() / den.clamp(min=1.0).to(per_tok.dtype)
@@ -63,7 +66,7 @@ def _masked_aggregate(per_tok: torch.Tensor, m: torch.Tensor, agg: str) -> torch
         return per_seq.sum() / n_seq
     if agg == "seq-mean-token-sum":
         return (per_tok * m).sum() / n_seq
-    return (per_tok * m).sum() / (n_seq * m.shape[-1])  # seq-mean-token-sum-norm
+    return (per_tok * m).sum() / (n_seq * horizon)  # seq-mean-token-sum-norm
 
 
 def grpo_loss(
@@ -78,6 +81,7 @@ def grpo_loss(
     agg: str = "token-mean",
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    horizon: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped policy loss of GRPO with mismatch weights; returns (scalar loss, detached metrics)."""
     if agg not in AGGREGATIONS:
@@ -91,6 +95,11 @@ def grpo_loss(
         raise ValueError(
             f"dual_clip must be > 1 (it bounds the loss of negative advantages), got {dual_clip}"
         )
+    if agg == "seq-mean-token-sum-norm" and not (isinstance(horizon, int) and horizon > 0):
+        raise ValueError(
+            "agg='seq-mean-token-sum-norm' needs horizon=<max completion length> (a constant, not the padded "
+            f"width, so padding and sharding cannot change the loss); got horizon={horizon!r}"
+        )
     if ref_logp is None and kl_coef:
         raise ValueError("kl_coef > 0 needs ref_logp (log-probs under the reference policy)")
     m = mask.detach().to(logp.dtype)  # (N, T)
@@ -98,7 +107,8 @@ def grpo_loss(
     adv = adv.detach().to(logp.dtype)
     adv = adv[:, None] if adv.dim() == 1 else adv  # (N, 1) or (N, T)
     adv = torch.where(on, adv, 0.0)  # (N, T)
-    log_ratio = torch.where(on, logp - old_logp.detach(), 0.0).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)
+    log_ratio = torch.where(on, logp - old_logp.detach(), 0.0)
+    log_ratio = torch.nan_to_num(log_ratio, nan=0.0).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)  # (N, T)
     ratio = log_ratio.exp()  # (N, T)
     lo, hi = clip
     pg_unclipped = -adv * ratio  # (N, T)
@@ -118,7 +128,7 @@ def grpo_loss(
         d = torch.where(on, ref_logp.detach() - logp, 0.0).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)
         kl_ref = d.exp() - d - 1.0  # (N, T) k3 of KL(pi || pi_ref)
         per_tok = per_tok + kl_coef * kl_ref
-    loss = _masked_aggregate(per_tok, m, agg) * world_size()
+    loss = _masked_aggregate(per_tok, m, agg, horizon) * world_size()
     with torch.no_grad():
         n, s_clip, s_dual, s_ratio, s_k3, s_kl_ref, s_pg = all_sum(
             _s(m.double()), _s(clipped.double()), _s(dual.double()), _s(ratio.double(), on),

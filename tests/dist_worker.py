@@ -36,7 +36,9 @@ def run(rows=slice(None)):
             key = name + ("+norm" if opts else "")
             out[key] = {k: v.item() for k, v in res.metrics.items()}
             for agg in AGGREGATIONS:
-                loss, m = grpo_loss(theta[rows], old[rows], adv[rows], res.mask, weights=res.weights, agg=agg)
+                loss, m = grpo_loss(
+                    theta[rows], old[rows], adv[rows], res.mask, weights=res.weights, agg=agg, horizon=7
+                )
                 (grad,) = torch.autograd.grad(loss, theta)
                 out[f"{key}/{agg}"] = {"loss": m["loss"].item(), "grad": grad.tolist()}
     return out

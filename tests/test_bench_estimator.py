@@ -2,7 +2,14 @@
 
 import torch
 
-from aisrl.bench.estimator import EstimatorBenchConfig, TabularPolicy, _batch_gradients, _instance, run, run_point
+from aisrl.bench.estimator import (
+    EstimatorBenchConfig,
+    TabularPolicy,
+    _batch_gradients,
+    _instance,
+    run,
+    run_point,
+)
 
 
 def test_enumeration_is_a_distribution():

@@ -22,7 +22,9 @@ class Cfg:
 
 
 def test_typed_overrides():
-    cfg = apply_overrides(Cfg(), ["seed=3", "steps=[1, 2.5]", "flag=true", "inner.cap=4", "inner.name=tis", "opt=none"])
+    cfg = apply_overrides(
+        Cfg(), ["seed=3", "steps=[1, 2.5]", "flag=true", "inner.cap=4", "inner.name=tis", "opt=none"]
+    )
     assert cfg.seed == 3 and cfg.steps == [1.0, 2.5] and cfg.flag is True and cfg.opt is None
     assert cfg.inner.cap == 4.0 and isinstance(cfg.inner.cap, float) and cfg.inner.name == "tis"
     assert apply_overrides(Cfg(), ["opt=0.5"]).opt == 0.5
@@ -44,3 +46,16 @@ def test_typed_overrides():
 def test_bad_overrides_name_the_key(item, message):
     with pytest.raises(ValueError, match=message):
         apply_overrides(Cfg(), [item])
+
+
+def test_strings_stay_strings_and_lists_accept_bare_items():
+    @dataclass
+    class C:
+        name: str = "ais"
+        methods: list[str] = field(default_factory=list)
+        label: str | None = "x"
+
+    cfg = apply_overrides(C(), ["name=none", "methods=[none, tis ,ais]", "label=none"])
+    assert cfg.name == "none" and cfg.methods == ["none", "tis", "ais"] and cfg.label is None
+    assert apply_overrides(C(), ["methods=['a', 'b']", "name='1'"]).methods == ["a", "b"]
+    assert apply_overrides(C(), ["name='1'"]).name == "1"

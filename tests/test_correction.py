@@ -224,3 +224,40 @@ def test_bad_shapes_and_levels(batch):
         correct("k3_reject", *batch, level="seq")
     with pytest.raises(ValueError, match="band"):
         correct("icepop", *batch, low=2.0, high=1.0)
+
+
+def test_trainer_minus_inf_logp_drops_the_token(batch):
+    old, roll, mask = batch
+    old = old.clone()
+    old[1, 0] = -float("inf")  # the trainer gives the sampled token no probability
+    res = correct("ais", old, roll, mask)
+    assert not res.mask[1, 0] and res.mask[1, 1]
+    close(res.metrics["nonfinite_frac"], 1 / 5)
+
+
+@pytest.mark.parametrize(
+    "opts,match",
+    [
+        ({"prev_alpha": float("nan"), "ema": 0.9}, "prev_alpha must be a number in"),
+        ({"prev_alpha": 5.0, "ema": 0.9}, "prev_alpha must be a number in"),
+        ({"alpha": 0.5, "ema": 0.9}, "either a fixed alpha or ema"),
+        ({"ema": 1.0}, "ema must be in"),
+    ],
+)
+def test_ais_smoothing_arguments_are_checked(batch, opts, match):
+    with pytest.raises(ValueError, match=match):
+        correct("ais", *batch, **opts)
+
+
+def test_band_with_zero_upper_bound_is_a_clear_error(batch):
+    with pytest.raises(ValueError, match="high > 0"):
+        correct("seq_mask", *batch, low=0.0, high=0.0)
+
+
+def test_severity_is_precise_for_tiny_mismatch():
+    d = 1e-4
+    old = torch.full((4, 8), -2.0)
+    roll = old - d * torch.tensor([1.0, -1.0]).repeat(4, 4)  # log-ratios +-1e-4
+    m = correct("none", old, roll, torch.ones(4, 8, dtype=torch.bool)).metrics
+    # k3 = e^d - 1 - d = d^2/2 + d^3/6 + ..., averaged over +-d: d^2/2 to 1e-8 relative
+    assert m["k3_kl"].item() == pytest.approx(d * d / 2, rel=0.02)

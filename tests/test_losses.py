@@ -68,7 +68,7 @@ def test_aggregations_by_hand():
     }
     assert set(expected) == set(AGGREGATIONS)
     for agg, value in expected.items():
-        loss, _ = grpo_loss(logp, torch.zeros(2, 4), adv, mask, weights=w, agg=agg)
+        loss, _ = grpo_loss(logp, torch.zeros(2, 4), adv, mask, weights=w, agg=agg, horizon=4)
         assert loss.item() == pytest.approx(value), agg
 
 
@@ -99,7 +99,7 @@ def test_empty_mask_gives_zero_loss_with_zero_gradient():
     logp = torch.randn(3, 4, requires_grad=True)
     old = torch.full((3, 4), float("nan"))  # padding garbage never leaks
     for agg in AGGREGATIONS:
-        loss, m = grpo_loss(logp, old, torch.ones(3), torch.zeros(3, 4, dtype=torch.bool), agg=agg)
+        loss, m = grpo_loss(logp, old, torch.ones(3), torch.zeros(3, 4, dtype=torch.bool), agg=agg, horizon=4)
         (g,) = torch.autograd.grad(loss, logp)
         assert loss.item() == 0.0 and torch.equal(g, torch.zeros_like(g))
         assert all(torch.isfinite(v) for v in m.values())
@@ -125,3 +125,28 @@ def test_bad_arguments_are_clear_errors():
         grpo_loss(x, x[:, :2], adv, mask)
     with pytest.raises(ValueError, match="needs ref_logp"):
         grpo_loss(x, x, adv, mask, kl_coef=0.1)
+
+
+def test_sum_norm_uses_a_constant_horizon_not_the_padded_width():
+    logp = torch.zeros(2, 3, requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+    adv = torch.tensor([1.0, 1.0])
+    kw = {"agg": "seq-mean-token-sum-norm", "horizon": 8}
+    loss, _ = grpo_loss(logp, torch.zeros(2, 3), adv, mask, **kw)
+    wide = torch.zeros(2, 9, requires_grad=True)  # the same batch padded to a wider tensor
+    mask_wide = torch.zeros(2, 9, dtype=torch.bool)
+    mask_wide[:, :3] = mask
+    loss_wide, _ = grpo_loss(wide, torch.zeros(2, 9), adv, mask_wide, **kw)
+    assert loss.item() == loss_wide.item() == pytest.approx(-3 / (2 * 8))
+    with pytest.raises(ValueError, match="needs horizon="):
+        grpo_loss(logp, torch.zeros(2, 3), adv, mask, agg="seq-mean-token-sum-norm")
+
+
+def test_non_finite_log_ratio_at_a_counted_token_does_not_poison_the_loss():
+    inf = float("inf")
+    logp = torch.tensor([[-1.0, -inf, -2.0]], requires_grad=True)
+    old = torch.tensor([[-1.0, -inf, -inf]])  # -inf - -inf = NaN; -2 - -inf = +inf
+    loss, m = grpo_loss(logp, old, torch.tensor([-1.0]), torch.ones(1, 3, dtype=torch.bool))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
+    assert all(torch.isfinite(v) for v in m.values())
