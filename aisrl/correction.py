@@ -174,9 +174,7 @@ def _ais(
     if prev_alpha is not None:
         prev = float(prev_alpha)
         if not 0.0 <= prev <= 1.0:  # also rejects NaN
-            raise ValueError(
-                f"ais prev_alpha must be a number in [0, 1] (last step's alpha), got {prev_alpha}"
-            )
+            raise ValueError(f"ais prev_alpha must be a number in [0, 1] (last step's alpha), got {prev_alpha}")
     if alpha is not None:
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"ais alpha must be in [0, 1], got {alpha}")

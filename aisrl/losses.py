@@ -92,9 +92,7 @@ def grpo_loss(
             f"{tuple(old_logp.shape)}, {tuple(mask.shape)}"
         )
     if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(
-            f"dual_clip must be > 1 (it bounds the loss of negative advantages), got {dual_clip}"
-        )
+        raise ValueError(f"dual_clip must be > 1 (it bounds the loss of negative advantages), got {dual_clip}")
     if agg == "seq-mean-token-sum-norm" and not (isinstance(horizon, int) and horizon > 0):
         raise ValueError(
             "agg='seq-mean-token-sum-norm' needs horizon=<max completion length> (a constant, not the padded "

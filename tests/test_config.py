@@ -22,9 +22,7 @@ class Cfg:
 
 
 def test_typed_overrides():
-    cfg = apply_overrides(
-        Cfg(), ["seed=3", "steps=[1, 2.5]", "flag=true", "inner.cap=4", "inner.name=tis", "opt=none"]
-    )
+    cfg = apply_overrides(Cfg(), ["seed=3", "steps=[1, 2.5]", "flag=true", "inner.cap=4", "inner.name=tis", "opt=none"])
     assert cfg.seed == 3 and cfg.steps == [1.0, 2.5] and cfg.flag is True and cfg.opt is None
     assert cfg.inner.cap == 4.0 and isinstance(cfg.inner.cap, float) and cfg.inner.name == "tis"
     assert apply_overrides(Cfg(), ["opt=0.5"]).opt == 0.5

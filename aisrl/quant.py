@@ -1,0 +1,258 @@
+"""Low-precision rollout formats as exact fake-quantisation, in the spirit of torchao's `quantize_`.
+
+Why: the rollout engine runs a quantised copy of the policy (FP8 / INT8 / FP4), the trainer the full
+precision one; their log-prob mismatch is what aisrl.correction corrects. On CPU we reproduce the
+numerics of the real kernels exactly: quantise, dequantise, compute in FP32.
+
+    rollout = copy.deepcopy(model)
+    quantize_(rollout, quant_config("fp8_e4m3_w8a8"))     # or QuantConfig(format="fp8_e4m3", ...)
+    seconds = sync_weights(model, rollout)                # every step: re-quantise the trainer's weights
+
+Number formats (sign + E exponent bits + M mantissa bits, saturating at the largest finite value):
+FP8 E4M3 (OCP "fn": max 448, no inf), FP8 E5M2 (max 57344), FP4 E2M1 (values 0, .5, 1, 1.5, 2, 3, 4, 6).
+`fake_float` rounds to nearest-even on the format's grid, subnormals included; tests check it equals
+torch's own float8 casts bit for bit. Scales:
+- FP8 weights: per-tensor, per-output-channel or 128x128 blocks, scale = amax / max_finite (DeepSeek-V3 /
+  FP8-RL blockwise recipe); W8A8 adds dynamic per-token activation scales.
+- INT8: symmetric per-channel weights (amax / 127), per-token activations. INT4: groups of 128 along
+  the input dimension (amax / 7).
+- MXFP4 (OCP MX v1.0): blocks of 32, shared power-of-two (E8M0) scale 2^(floor(log2 amax) - 2).
+- NVFP4: blocks of 16 with an FP8 E4M3 scale (amax / 6), under a per-tensor FP32 scale amax / (448 * 6).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+# (exponent bits, mantissa bits, exponent bias, largest finite value)
+FLOAT_FORMATS = {
+    "e4m3": (4, 3, 7, 448.0),
+    "e5m2": (5, 2, 15, 57344.0),
+    "e2m1": (2, 1, 1, 6.0),
+}
+
+
+def fake_float(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Round FP32 values to the nearest representable value of `fmt` (ties to even), saturating."""
+    _, m_bits, bias, max_val = FLOAT_FORMATS[fmt]
+    x = x.float()
+    _, e = torch.frexp(x)  # x = f * 2^e with |f| in [0.5, 1): floor(log2|x|) = e - 1
+    e = (e - 1).clamp(min=1 - bias)  # below the smallest normal exponent the grid is uniform (subnormals)
+    step = torch.ldexp(torch.ones_like(x), (e - m_bits).to(torch.int32))  # spacing of the grid near x
+    q = torch.round(x / step) * step  # torch.round rounds half to even
+    return q.clamp(-max_val, max_val)
+
+
+def _amax_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
+    return torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+
+
+def _blocks(w: torch.Tensor, rows: int, cols: int):
+    """(O, I) -> (O/rows, rows, I/cols, cols) zero-padded view, and a function undoing it."""
+    o, i = w.shape
+    po, pi = -o % rows, -i % cols
+    wp = nn.functional.pad(w, (0, pi, 0, po))
+    b = wp.view((o + po) // rows, rows, (i + pi) // cols, cols)
+    return b, lambda t: t.reshape(o + po, i + pi)[:o, :i]
+
+
+def quantize_fp8(w: torch.Tensor, fmt: str = "e4m3", granularity: str = "channel", block: int = 128):
+    """Fake-quantise a weight (O, I) to FP8 with tensor / channel / block scales."""
+    qmax = FLOAT_FORMATS[fmt][3]
+    if granularity == "tensor":
+        s = _amax_scale(w.abs().amax(), qmax)
+        return fake_float(w / s, fmt) * s
+    if granularity == "channel":
+        s = _amax_scale(w.abs().amax(dim=1, keepdim=True), qmax)  # (O, 1)
+        return fake_float(w / s, fmt) * s
+    if granularity == "block":
+        b, undo = _blocks(w, block, block)
+        s = _amax_scale(b.abs().amax(dim=(1, 3), keepdim=True), qmax)  # (O/b, 1, I/b, 1)
+        return undo(fake_float(b / s, fmt) * s)
+    raise ValueError(f"unknown granularity {granularity!r}; choose from ['block', 'channel', 'tensor']")
+
+
+def quantize_int(w: torch.Tensor, bits: int, group: int | None = None) -> torch.Tensor:
+    """Symmetric integer fake-quant along the last dim: per row, or per group of `group` columns."""
+    qmax = 2 ** (bits - 1) - 1
+    if group:
+        b, undo = _blocks(w, 1, group)
+        s = _amax_scale(b.abs().amax(dim=-1, keepdim=True), qmax)
+        return undo(torch.round(b / s).clamp(-qmax, qmax) * s)
+    s = _amax_scale(w.abs().amax(dim=-1, keepdim=True), qmax)
+    return torch.round(w / s).clamp(-qmax, qmax) * s
+
+
+def quantize_mxfp4(w: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """MXFP4: E2M1 elements, one power-of-two (E8M0) scale per `block` consecutive values."""
+    b, undo = _blocks(w, 1, block)
+    amax = b.abs().amax(dim=-1, keepdim=True)
+    exp = torch.floor(torch.log2(amax.clamp(min=2.0**-126))) - 2  # 2 = emax of E2M1 (6 = 1.5 * 2^2)
+    s = torch.exp2(exp)
+    return undo(fake_float(b / s, "e2m1") * s)
+
+
+def quantize_nvfp4(w: torch.Tensor, block: int = 16) -> torch.Tensor:
+    """NVFP4: E2M1 elements, an FP8 E4M3 scale per `block` values, under one FP32 tensor scale."""
+    g = _amax_scale(w.abs().amax(), 448.0 * 6.0)  # per-tensor scale, so block scales fit E4M3
+    b, undo = _blocks(w / g, 1, block)
+    s = fake_float(_amax_scale(b.abs().amax(dim=-1, keepdim=True), 6.0), "e4m3")
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    return undo(fake_float(b / s, "e2m1") * s) * g
+
+
+def quantize_act(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Dynamic per-token activation fake-quant (one scale per row of the last dim)."""
+    if fmt == "int8":
+        return quantize_int(x, 8)
+    s = _amax_scale(x.abs().amax(dim=-1, keepdim=True), FLOAT_FORMATS[fmt][3])
+    return fake_float(x / s, fmt) * s
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    format: str = "fp8_e4m3"
+    """Weight format: bf16, fp8_e4m3, fp8_e5m2, int8, int4, mxfp4, nvfp4."""
+    granularity: str = "channel"
+    """FP8 weight scales: tensor, channel or block (128x128)."""
+    activations: bool = False
+    """Also fake-quantise linear inputs with dynamic per-token scales (W8A8; fp8_* and int8 only)."""
+    group_size: int = 128
+    """INT4 group size along the input dimension."""
+    lm_head: bool = False
+    """Quantise the output projection too (kept in full precision by default, as vLLM/SGLang do)."""
+    kv_cache: bool = False
+    """Store keys/values in FP8 E4M3 with per-head scales recalibrated at every weight sync."""
+
+    def __post_init__(self):
+        if self.format not in WEIGHT_FORMATS:
+            raise ValueError(f"unknown format {self.format!r}; choose from {sorted(WEIGHT_FORMATS)}")
+        if self.activations and not (self.format.startswith("fp8") or self.format == "int8"):
+            raise ValueError(f"activations=True (W8A8) needs an fp8_* or int8 format, not {self.format!r}")
+        if self.granularity not in ("tensor", "channel", "block"):
+            raise ValueError(f"unknown granularity {self.granularity!r}; choose from ['block', 'channel', 'tensor']")
+
+
+WEIGHT_FORMATS = {
+    "bf16": lambda w, c: w.to(torch.bfloat16).float(),
+    "fp8_e4m3": lambda w, c: quantize_fp8(w, "e4m3", c.granularity),
+    "fp8_e5m2": lambda w, c: quantize_fp8(w, "e5m2", c.granularity),
+    "int8": lambda w, c: quantize_int(w, 8),
+    "int4": lambda w, c: quantize_int(w, 4, c.group_size),
+    "mxfp4": lambda w, c: quantize_mxfp4(w),
+    "nvfp4": lambda w, c: quantize_nvfp4(w),
+}
+
+PRESETS = {
+    "bf16": QuantConfig("bf16"),
+    "fp8_e4m3": QuantConfig("fp8_e4m3"),
+    "fp8_e4m3_tensor": QuantConfig("fp8_e4m3", "tensor"),
+    "fp8_e4m3_block": QuantConfig("fp8_e4m3", "block"),
+    "fp8_e4m3_w8a8": QuantConfig("fp8_e4m3", activations=True),
+    "fp8_e4m3_tensor_w8a8": QuantConfig("fp8_e4m3", "tensor", activations=True),
+    "fp8_e4m3_block_w8a8": QuantConfig("fp8_e4m3", "block", activations=True),
+    "fp8_e4m3_w8a8_kv": QuantConfig("fp8_e4m3", activations=True, kv_cache=True),
+    "fp8_e5m2": QuantConfig("fp8_e5m2"),
+    "fp8_e5m2_w8a8": QuantConfig("fp8_e5m2", activations=True),
+    "int8_w8a8": QuantConfig("int8", activations=True),
+    "int4": QuantConfig("int4"),
+    "mxfp4": QuantConfig("mxfp4"),
+    "nvfp4": QuantConfig("nvfp4"),
+}
+
+
+def quant_config(name: str, **overrides) -> QuantConfig:
+    """A named preset (see PRESETS), optionally with fields replaced."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown quantisation preset {name!r}; choose from {sorted(PRESETS)}")
+    return replace(PRESETS[name], **overrides)
+
+
+class FakeQuantLinear(nn.Module):
+    """A rollout-side linear layer: fake-quantised weight (no grad), optional per-token input quant."""
+
+    def __init__(self, linear: nn.Linear, cfg: QuantConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("weight", torch.empty_like(linear.weight, dtype=torch.float32), persistent=False)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+        self.load_from(linear.weight)
+
+    @torch.no_grad()
+    def load_from(self, w: torch.Tensor) -> None:
+        """Re-quantise a (trainer) weight into this layer."""
+        self.weight.copy_(WEIGHT_FORMATS[self.cfg.format](w.detach().float(), self.cfg))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cfg.activations:
+            x = quantize_act(x.float(), "int8" if self.cfg.format == "int8" else self.cfg.format[4:])
+        return nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, {self.cfg}"
+
+
+def _is_head(name: str, model: nn.Module) -> bool:
+    get_out = getattr(model, "get_output_embeddings", None)
+    head = get_out() if callable(get_out) else None
+    return name.split(".")[-1] in ("lm_head", "output") or (head is not None and model.get_submodule(name) is head)
+
+
+@torch.no_grad()
+def quantize_(model: nn.Module, cfg: QuantConfig) -> nn.Module:
+    """Swap every nn.Linear of `model` (in place) for a FakeQuantLinear; returns the model."""
+    targets = [
+        (name, mod)
+        for name, mod in model.named_modules()
+        if isinstance(mod, nn.Linear) and (cfg.lm_head or not _is_head(name, model))
+    ]
+    if not targets:
+        raise ValueError("quantize_ found no nn.Linear layers to quantise in this model")
+    for name, mod in targets:
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, FakeQuantLinear(mod, cfg))
+    model.quant_config = cfg
+    model.requires_grad_(False)
+    return model
+
+
+@torch.no_grad()
+def sync_weights(trainer: nn.Module, rollout: nn.Module) -> float:
+    """Copy the trainer's current weights into the rollout copy, re-quantising quantised layers.
+
+    Returns the seconds it took (the "weight sync" cost of every RL step)."""
+    t0 = time.perf_counter()
+    src = dict(trainer.named_parameters()) | dict(trainer.named_buffers())
+    for name, mod in rollout.named_modules():
+        if isinstance(mod, FakeQuantLinear):
+            key = f"{name}.weight"
+            if key not in src:
+                raise ValueError(f"sync_weights: trainer has no parameter {key!r}; is it the same architecture?")
+            mod.load_from(src[key])
+            if mod.bias is not None:
+                mod.bias.copy_(src[f"{name}.bias"])
+    quantised = {n for n, m in rollout.named_modules() if isinstance(m, FakeQuantLinear)}
+    for name, t in list(rollout.named_parameters()) + list(rollout.named_buffers()):
+        owner = name.rpartition(".")[0]
+        if owner in quantised:
+            continue
+        if name not in src:
+            raise ValueError(f"sync_weights: trainer has no tensor {name!r}; is it the same architecture?")
+        t.copy_(src[name])
+    return time.perf_counter() - t0
+
+
+def fp8_kv(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Fake-quantise keys or values (B, H, S, D) to FP8 E4M3 with per-head scales (1, H, 1, 1)."""
+    return fake_float(x / scale, "e4m3") * scale
+
+
+def kv_scales(x: torch.Tensor, margin: float = 1.0) -> torch.Tensor:
+    """Per-head E4M3 scales amax / 448 of calibration keys or values (B, H, S, D) -> (1, H, 1, 1)."""
+    amax = x.detach().abs().amax(dim=(0, 2, 3), keepdim=True) * margin
+    return _amax_scale(amax.float(), 448.0)

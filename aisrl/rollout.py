@@ -1,0 +1,229 @@
+"""Batched sampling with a KV cache, returning the log-probs the rollout policy actually sampled from.
+
+Why: importance weights w = exp(old_logp - rollout_logp) are only right if `rollout_logp` is the
+log-probability under the *processed* sampling distribution (temperature, then top-k, then top-p,
+renormalised), exactly what the trainer recomputes with `logprobs(...)` under the same processing.
+
+Generation: left-padded prompts are prefilled once (only the last position's logits are computed), then
+one token per step through the model's KV cache. Each request samples by inverse CDF from one uniform
+number drawn from its own generator, so a request's completion depends only on its seed and prompt,
+not on the batch it shares. Rows stop at EOS (kept in the completion and its mask), at a stop string
+(needs the tokenizer) or at max_new_tokens. An FP8 KV cache (`kv_cache_fp8=True`) fake-quantises keys
+and values to E4M3 with per-head scales calibrated on each rollout's prefill, so scales follow the
+weights after every sync (FP8-RL's per-step QKV recalibration).
+
+Memory: log-softmax is taken over (B, V) for one step at a time in generation, and over (B, chunk, V)
+position chunks in `logprobs`, never over a whole (B, T, V) batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from aisrl.quant import fp8_kv, kv_scales
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 64
+    """Completion length limit."""
+    temperature: float = 1.0
+    """Softmax temperature (> 0)."""
+    top_k: int = 0
+    """Keep the k most likely tokens (0 = off)."""
+    top_p: float = 1.0
+    """Keep the smallest set of tokens with cumulative probability >= top_p (1 = off)."""
+    greedy: bool = False
+    """Argmax decoding (evaluation); rollout_logp is then the temperature-processed log-prob of the argmax."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings (matched on decoded text; need a tokenizer)."""
+
+    def __post_init__(self):
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0 or self.max_new_tokens < 1:
+            raise ValueError("top_k must be >= 0 and max_new_tokens >= 1")
+
+
+@dataclass
+class Rollout:
+    prompt_ids: torch.Tensor  # (B, P) left-padded
+    prompt_mask: torch.Tensor  # (B, P) bool
+    completion_ids: torch.Tensor  # (B, T) right-padded with pad_id
+    completion_mask: torch.Tensor  # (B, T) bool, EOS included
+    rollout_logp: torch.Tensor  # (B, T) FP32 log-prob under the processed distribution, 0 where masked
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """(..., V) logits -> (..., V) FP32 log-probs of the processed sampling distribution."""
+    x = logits.float() / params.temperature
+    if params.top_k and params.top_k < x.shape[-1]:
+        kth = x.topk(params.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, -torch.inf)
+    if params.top_p < 1.0:
+        sorted_x, order = x.sort(dim=-1, descending=True)
+        probs = sorted_x.softmax(-1)
+        drop = probs.cumsum(-1) - probs >= params.top_p  # mass before this token already reaches top_p
+        x = x.scatter(-1, order, sorted_x.masked_fill(drop, -torch.inf))
+    return x.log_softmax(-1)
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists -> (B, P) left-padded ids and bool mask."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = True
+    return ids, mask
+
+
+def _make_cache(fp8: bool):
+    from transformers import DynamicCache
+
+    if not fp8:
+        return DynamicCache()
+
+    class FP8KVCache(DynamicCache):
+        """Keys/values stored as FP8 E4M3 (fake-quantised), per-head scales set at the first update."""
+
+        scales: dict = {}
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            if layer_idx not in self.scales:
+                self.scales[layer_idx] = (kv_scales(key_states), kv_scales(value_states))
+            ks, vs = self.scales[layer_idx]
+            k = fp8_kv(key_states.float(), ks).to(key_states.dtype)
+            v = fp8_kv(value_states.float(), vs).to(value_states.dtype)
+            return super().update(k, v, layer_idx, *args, **kwargs)
+
+    cache = FP8KVCache()
+    cache.scales = {}
+    return cache
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, S)
+
+
+@torch.no_grad()
+def generate(
+    model,
+    prompts: list[list[int]],
+    params: SamplingParams | None = None,
+    *,
+    seeds: list[int] | None = None,
+    pad_id: int | None = None,
+    eos_id: int | list[int] | None = None,
+    tokenizer=None,
+    kv_cache_fp8: bool = False,
+) -> Rollout:
+    """Sample one completion per prompt; see the module docstring."""
+    params = params or SamplingParams()
+    cfg = model.config
+    pad_id = pad_id if pad_id is not None else (cfg.pad_token_id if cfg.pad_token_id is not None else 0)
+    eos = eos_id if eos_id is not None else cfg.eos_token_id
+    eos = torch.tensor([eos] if isinstance(eos, int) else list(eos or []), dtype=torch.long)
+    if params.stop and tokenizer is None:
+        raise ValueError("stop strings need the tokenizer: generate(..., tokenizer=tok)")
+    device = next(model.parameters()).device
+    ids, pmask = left_pad(prompts, pad_id)
+    B = len(prompts)
+    seeds = list(range(B)) if seeds is None else list(seeds)
+    if len(seeds) != B:
+        raise ValueError(f"need one seed per prompt: {len(seeds)} seeds for {B} prompts")
+    gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+    T = params.max_new_tokens
+    out_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    out_logp = torch.zeros(B, T)
+    done = torch.zeros(B, dtype=torch.bool)
+    lengths = torch.zeros(B, dtype=torch.long)
+    cache = _make_cache(kv_cache_fp8)
+    attn = pmask.to(device)
+    pos = _positions(attn)
+    step_in, step_pos = ids.to(device), pos
+    for t in range(T):
+        logits = model(
+            input_ids=step_in,
+            attention_mask=attn.long(),
+            position_ids=step_pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]  # fmt: skip  (B, V)
+        logp = process_logits(logits, params).cpu()  # (B, V)
+        if params.greedy:
+            tok = logp.argmax(-1)
+        else:
+            u = torch.stack([torch.rand((), generator=g) for g in gens])  # (B,) one uniform per request
+            cdf = logp.exp().cumsum(-1)  # (B, V)
+            tok = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+            tok = torch.where(torch.isfinite(logp.gather(-1, tok[:, None]).squeeze(-1)), tok, logp.argmax(-1))
+        live = ~done
+        out_ids[live, t] = tok[live]
+        out_logp[live, t] = logp.gather(-1, tok[:, None]).squeeze(-1)[live]
+        lengths += live.long()
+        done |= torch.isin(tok, eos) & live
+        if params.stop:
+            done |= live & _hit_stop(tokenizer, out_ids, lengths, params.stop)
+        if bool(done.all()):
+            break
+        step_in = tok[:, None].to(device)
+        attn = torch.cat([attn, torch.ones(B, 1, dtype=torch.bool, device=device)], dim=1)
+        step_pos = step_pos[:, -1:] + 1
+    T_used = int(lengths.max())
+    cmask = torch.arange(T_used)[None] < lengths[:, None]
+    return Rollout(ids, pmask, out_ids[:, :T_used], cmask, torch.where(cmask, out_logp[:, :T_used], 0.0))
+
+
+def _hit_stop(tokenizer, out_ids, lengths, stops) -> torch.Tensor:
+    tail = 8 + max(len(s) for s in stops)  # a stop string spans at most this many tokens
+    hit = torch.zeros(len(lengths), dtype=torch.bool)
+    for i, n in enumerate(lengths.tolist()):
+        text = tokenizer.decode(out_ids[i, max(0, n - tail) : n].tolist())
+        hit[i] = any(s in text for s in stops)
+    return hit
+
+
+def logprobs(
+    model,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    params: SamplingParams | None = None,
+    *,
+    micro_batch: int = 8,
+    chunk: int = 64,
+) -> torch.Tensor:
+    """(B, T) log-probs of the completion tokens under `model` and the sampling processing of `params`.
+
+    Runs the transformer body on micro-batches and applies the output head to `chunk` positions at a
+    time. Differentiable when called with grad enabled (the trainer path); 0 where completion_mask is False.
+    """
+    params = params or SamplingParams()
+    body, head = model.get_decoder(), model.get_output_embeddings()
+    device = next(model.parameters()).device
+    P = prompt_ids.shape[1]
+    out = []
+    for s in range(0, prompt_ids.shape[0], micro_batch):
+        sl = slice(s, s + micro_batch)
+        ids = torch.cat([prompt_ids[sl], completion_ids[sl]], dim=1).to(device)
+        mask = torch.cat([prompt_mask[sl], completion_mask[sl]], dim=1).to(device)
+        hidden = body(input_ids=ids, attention_mask=mask.long(), position_ids=_positions(mask)).last_hidden_state
+        hidden = hidden[:, P - 1 : -1]  # (b, T, H): the state that predicts each completion token
+        rows = []
+        for c in range(0, hidden.shape[1], chunk):
+            lp = process_logits(head(hidden[:, c : c + chunk]), params)  # (b, c, V)
+            tgt = completion_ids[sl, c : c + chunk].to(device)
+            rows.append(lp.gather(-1, tgt[..., None]).squeeze(-1))  # (b, c)
+        out.append(torch.cat(rows, dim=1))
+    lp = torch.cat(out, dim=0).to(completion_mask.device)
+    return torch.where(completion_mask, lp, torch.zeros((), dtype=lp.dtype, device=lp.device))

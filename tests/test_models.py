@@ -1,0 +1,50 @@
+"""Model loading offline: tiny named configs, the packaged SmolLM2 GGUF (load, generate, save, reload)."""
+
+import pytest
+import torch
+
+from aisrl.models import TINY, load_model, save_model, smollm2_path, tiny_model
+from aisrl.rollout import SamplingParams, generate
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_tiny_models_are_deterministic_and_save(name, tmp_path):
+    a, b = tiny_model(name, seed=3), tiny_model(name, seed=3)
+    ids = torch.tensor([[1, 4, 5, 6]])
+    with torch.no_grad():
+        torch.testing.assert_close(a(ids).logits, b(ids).logits)
+    assert 5e4 < sum(p.numel() for p in a.parameters()) < 5e5
+    save_model(a, tmp_path / "m")
+    c, tok = load_model(str(tmp_path / "m"))
+    with torch.no_grad():
+        torch.testing.assert_close(c(ids).logits, a(ids).logits)
+    assert tok is None
+
+
+def test_unknown_model_is_a_clear_error():
+    with pytest.raises(FileNotFoundError, match="neither 'smollm2', a tiny model"):
+        load_model("Qwen/Qwen3-8B")
+    with pytest.raises(ValueError, match="unknown tiny model"):
+        tiny_model("tiny-gpt")
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_loads_generates_and_saves(tmp_path):
+    pytest.importorskip("gguf")
+    try:
+        smollm2_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    model, tok = load_model("smollm2")
+    assert type(model).__name__ == "LlamaForCausalLM" and 1.3e8 < sum(p.numel() for p in model.parameters()) < 1.4e8
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True)
+    prompt = prompt if isinstance(prompt[0], int) else prompt["input_ids"]
+    r = generate(model, [prompt], SamplingParams(max_new_tokens=12, greedy=True), tokenizer=tok)
+    text = tok.decode(r.completion_ids[0][r.completion_mask[0]])
+    assert "5" in text, text  # the real instruct model answers
+    save_model(model, tmp_path / "smol", tok)
+    again, tok2 = load_model(str(tmp_path / "smol"))
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, model(ids).logits)
+    assert tok2 is not None and tok2.decode(prompt) == tok.decode(prompt)

@@ -1,0 +1,164 @@
+"""Fake-quant formats against torch's real float8 casts and the formats' definitions; quantize_ and sync."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from aisrl.quant import (
+    PRESETS,
+    FakeQuantLinear,
+    QuantConfig,
+    fake_float,
+    quant_config,
+    quantize_,
+    quantize_fp8,
+    quantize_int,
+    quantize_mxfp4,
+    quantize_nvfp4,
+    sync_weights,
+)
+
+E2M1 = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0}
+
+
+def _values():
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(50_000, generator=g) * s for s in (1e-4, 1e-2, 1.0, 50.0, 1e3, 1e5)])
+    edges = [0.0, -0.0, 448.0, 449.0, 464.0, 480.0, 57344.0, 61439.0, 1e9, -1e9, 2**-9, 2**-10, 3 * 2**-11,
+             2**-6, 2**-16, 2**-17, 2**-14 * 1.5]  # fmt: skip
+    return torch.cat([x, torch.tensor(edges)])
+
+
+def test_e4m3_equals_torch_float8_cast_bit_for_bit():
+    x = _values()
+    ours = fake_float(x, "e4m3")
+    torch.testing.assert_close(ours, x.to(torch.float8_e4m3fn).float(), rtol=0, atol=0)
+
+
+def test_e5m2_equals_torch_cast_with_saturation():
+    x = _values()
+    ours = fake_float(x, "e5m2")
+    # real quantisation kernels saturate (satfinite); torch's plain E5M2 cast overflows to inf instead
+    torch.testing.assert_close(ours, x.clamp(-57344, 57344).to(torch.float8_e5m2).float(), rtol=0, atol=0)
+    assert ours.abs().max() == 57344.0
+
+
+def test_e2m1_grid():
+    x = torch.linspace(-10, 10, 4001)
+    q = fake_float(x, "e2m1")
+    assert set(q.abs().tolist()) == E2M1
+    assert fake_float(torch.tensor([0.25, 0.75, 2.5, 5.0, 7.0]), "e2m1").tolist() == [0.0, 1.0, 2.0, 4.0, 6.0]
+
+
+@pytest.mark.parametrize("fmt,qmax", [("e4m3", 448.0), ("e5m2", 57344.0)])
+def test_fp8_scale_granularities(fmt, qmax):
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(300, 200, generator=g)
+    t = quantize_fp8(w, fmt, "tensor")
+    assert t.abs().max() == pytest.approx(w.abs().max().item(), rel=1e-6)  # amax maps exactly to qmax
+    c = quantize_fp8(w, fmt, "channel")
+    torch.testing.assert_close(c.abs().amax(1), w.abs().amax(1))  # one scale per output channel
+    b = quantize_fp8(w, fmt, "block")
+    assert b.shape == w.shape
+    for i in range(0, 300, 128):  # 3 x 2 blocks of 128 x 128 (the last ones partial)
+        for j in range(0, 200, 128):
+            blk, ref = b[i : i + 128, j : j + 128], w[i : i + 128, j : j + 128]
+            assert blk.abs().max() == pytest.approx(ref.abs().max().item(), rel=1e-6)
+            s = ref.abs().max() / qmax
+            assert torch.equal(fake_float(blk / s, fmt), blk / s) or torch.allclose(fake_float(blk / s, fmt), blk / s)
+    rel = lambda q: ((q - w).norm() / w.norm()).item()  # noqa: E731
+    assert rel(b) <= rel(t) * 1.05 and rel(c) <= rel(t) * 1.05  # finer scales are no worse
+
+
+def test_int_formats():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(16, 256, generator=g)
+    q8 = quantize_int(w, 8)
+    s8 = w.abs().amax(1, keepdim=True) / 127
+    assert torch.allclose(q8 / s8, torch.round(q8 / s8), atol=1e-4) and (q8 - w).abs().le(s8 / 2 + 1e-6).all()
+    q4 = quantize_int(w, 4, group=128)
+    s4 = w.view(16, 2, 128).abs().amax(-1, keepdim=True) / 7
+    levels = q4.view(16, 2, 128) / s4
+    assert torch.allclose(levels, torch.round(levels), atol=1e-4) and levels.abs().max() <= 7 + 1e-4
+    assert ((q4.view(16, 2, 128) - w.view(16, 2, 128)).abs() <= s4 / 2 + 1e-6).all()
+
+
+def test_mxfp4_power_of_two_scales_and_grid():
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(8, 64, generator=g) * 3
+    q = quantize_mxfp4(w).view(8, 2, 32)
+    amax = w.view(8, 2, 32).abs().amax(-1, keepdim=True)
+    s = torch.exp2(torch.floor(torch.log2(amax)) - 2)
+    assert set((q / s).abs().flatten().tolist()) <= E2M1
+    x = w.view(8, 2, 32)
+    inside = x.abs() <= 6 * s
+    assert ((q - x).abs() <= s + 1e-6)[inside].all()  # half of E2M1's widest gap (2), times the scale
+    assert torch.equal(q[~inside], (6 * s).expand_as(x)[~inside] * x[~inside].sign())  # OCP MX saturates
+    assert (~inside).any()  # the spec's scale leaves (6s, 8s) to saturation: exercised here
+
+
+def test_nvfp4_fp8_block_scales_and_grid():
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(4, 64, generator=g)
+    q = quantize_nvfp4(w).view(4, 4, 16)
+    gscale = w.abs().max() / (448 * 6)
+    bs = fake_float((w.view(4, 4, 16) / gscale).abs().amax(-1, keepdim=True) / 6, "e4m3")
+    assert torch.equal(fake_float(bs, "e4m3"), bs)  # block scales are E4M3 values
+    assert set(torch.round(q / (bs * gscale) * 2).div(2).abs().flatten().tolist()) <= E2M1
+    rel = (q.flatten() - w.flatten()).norm() / w.norm()
+    assert 0.0 < rel < 0.2
+
+
+class Toy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.body = nn.Linear(8, 8)
+        self.lm_head = nn.Linear(8, 10, bias=False)
+
+    def forward(self, x):
+        return self.lm_head(torch.relu(self.body(self.emb(x))))
+
+
+def test_quantize_keeps_head_by_default_and_lists_formats():
+    m = quantize_(Toy(), quant_config("fp8_e4m3_w8a8"))
+    assert isinstance(m.body, FakeQuantLinear) and isinstance(m.lm_head, nn.Linear)
+    assert isinstance(quantize_(Toy(), quant_config("int4", lm_head=True)).lm_head, FakeQuantLinear)
+    with pytest.raises(ValueError, match=r"unknown format 'fp9'; choose from \[.*'fp8_e4m3'"):
+        QuantConfig("fp9")
+    with pytest.raises(ValueError, match=r"unknown quantisation preset 'fp8'; choose from"):
+        quant_config("fp8")
+    with pytest.raises(ValueError, match="W8A8"):
+        QuantConfig("int4", activations=True)
+    assert {"fp8_e4m3_w8a8", "fp8_e5m2_w8a8", "int8_w8a8", "int4", "mxfp4", "nvfp4", "bf16"} <= set(PRESETS)
+
+
+def test_w8a8_forward_by_hand():
+    lin = nn.Linear(8, 4)
+    fq = FakeQuantLinear(lin, quant_config("fp8_e4m3_w8a8"))
+    x = torch.randn(3, 8)
+    sx = x.abs().amax(-1, keepdim=True) / 448
+    xq = fake_float(x / sx, "e4m3") * sx
+    wq = quantize_fp8(lin.weight.detach(), "e4m3", "channel")
+    torch.testing.assert_close(fq(x), xq @ wq.T + lin.bias.detach())
+
+
+def test_sync_weights_tracks_trainer_updates():
+    torch.manual_seed(0)
+    trainer = Toy()
+    rollout = quantize_(copy.deepcopy(trainer), quant_config("fp8_e4m3"))
+    x = torch.tensor([1, 2, 3])
+    opt = torch.optim.SGD(trainer.parameters(), lr=0.5)
+    trainer(x).sum().backward()
+    opt.step()
+    before = rollout(x)
+    seconds = sync_weights(trainer, rollout)
+    assert seconds > 0
+    after = rollout(x)
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(rollout.body.weight, quantize_fp8(trainer.body.weight.detach(), "e4m3", "channel"))
+    torch.testing.assert_close(rollout.emb.weight, trainer.emb.weight.detach())  # unquantised: copied
+    torch.testing.assert_close(after, trainer(x).detach(), atol=0.1, rtol=0.1)  # FP8 is close, not equal
+    assert not any(p.requires_grad for p in rollout.parameters())

@@ -1,0 +1,105 @@
+"""The generation engine: rollout_logp consistency, greedy reference, EOS/padding, seeds, FP8 KV cache."""
+
+import copy
+
+import pytest
+import torch
+
+from aisrl.correction import correct
+from aisrl.models import tiny_model
+from aisrl.quant import quant_config, quantize_
+from aisrl.rollout import SamplingParams, generate, left_pad, logprobs, process_logits
+
+PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 3, 4, 5, 6, 7, 8, 10, 11]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("tiny-llama", seed=0)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=10),
+        SamplingParams(max_new_tokens=10, temperature=0.7, top_k=20),
+        SamplingParams(max_new_tokens=10, temperature=1.3, top_p=0.8),
+        SamplingParams(max_new_tokens=10, temperature=0.9, top_k=40, top_p=0.9),
+    ],
+)
+def test_rollout_logp_equals_recomputed_logprobs(model, params):
+    r = generate(model, PROMPTS, params, seeds=[3, 4, 5])
+    lp = logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, params,
+                  micro_batch=2, chunk=3)  # fmt: skip
+    assert r.completion_mask.any()
+    torch.testing.assert_close(lp, r.rollout_logp, atol=1e-5, rtol=0)
+    assert (r.rollout_logp[r.completion_mask] <= 0).all() and torch.isfinite(r.rollout_logp).all()
+    res = correct("ais", lp, r.rollout_logp, r.completion_mask)  # same model: no mismatch
+    assert res.metrics["k3_kl"] < 1e-9 and res.metrics["ess"] > 0.999
+
+
+def test_process_logits_top_k_top_p_by_hand():
+    logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
+    lp = process_logits(logits, SamplingParams(top_k=2)).exp()
+    torch.testing.assert_close(lp, torch.tensor([[5 / 7, 2 / 7, 0, 0, 0]]))
+    lp = process_logits(logits, SamplingParams(top_p=0.8)).exp()  # 0.5 + 0.2 < 0.8 <= 0.85: three kept
+    torch.testing.assert_close(lp, torch.tensor([[0.5, 0.2, 0.15, 0, 0]]) / 0.85)
+    lp = process_logits(logits, SamplingParams(temperature=0.5)).exp()
+    p2 = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05]) ** 2
+    torch.testing.assert_close(lp, (p2 / p2.sum())[None])
+
+
+def test_greedy_equals_reference_argmax_loop(model):
+    r = generate(model, PROMPTS, SamplingParams(max_new_tokens=8, greedy=True), eos_id=[])
+    for i, p in enumerate(PROMPTS):  # one prompt at a time, no cache, no padding: full recompute
+        ids = torch.tensor([p])
+        for t in range(8):
+            with torch.no_grad():
+                nxt = model(ids).logits[0, -1].argmax()
+            assert r.completion_ids[i, t] == nxt, (i, t)
+            ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
+
+
+def test_eos_stops_a_row_and_pads_the_rest(model):
+    free = generate(model, PROMPTS, SamplingParams(max_new_tokens=6, greedy=True), eos_id=[])
+    eos = int(free.completion_ids[0, 2])  # make row 0's third greedy token the EOS
+    r = generate(model, PROMPTS, SamplingParams(max_new_tokens=6, greedy=True), eos_id=eos, pad_id=0)
+    first = [int((row == eos).nonzero()[0]) + 1 if (row == eos).any() else 6 for row in free.completion_ids]
+    assert r.completion_mask.sum(1).tolist() == first
+    assert r.completion_ids[0, :3].tolist() == free.completion_ids[0, :3].tolist()
+    assert (r.completion_ids[~r.completion_mask] == 0).all() and (r.rollout_logp[~r.completion_mask] == 0).all()
+
+
+def test_seeds_make_requests_reproducible_and_independent(model):
+    p = SamplingParams(max_new_tokens=8)
+    a = generate(model, PROMPTS, p, seeds=[7, 8, 9])
+    b = generate(model, PROMPTS, p, seeds=[7, 8, 9])
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    alone = generate(model, [PROMPTS[1]], p, seeds=[8])
+    n = int(alone.completion_mask.sum())
+    assert torch.equal(alone.completion_ids[0, :n], a.completion_ids[1, :n])  # batch-mates don't matter
+    c = generate(model, PROMPTS, p, seeds=[70, 80, 90])
+    assert not torch.equal(a.completion_ids, c.completion_ids)
+
+
+def test_left_padding_and_errors(model):
+    ids, mask = left_pad([[5], [6, 7, 8]], pad_id=0)
+    assert ids.tolist() == [[0, 0, 5], [6, 7, 8]] and mask.tolist() == [[False, False, True], [True] * 3]
+    with pytest.raises(ValueError, match="at least one token"):
+        left_pad([[]], 0)
+    with pytest.raises(ValueError, match="one seed per prompt"):
+        generate(model, PROMPTS, seeds=[1])
+    with pytest.raises(ValueError, match="need the tokenizer"):
+        generate(model, PROMPTS, SamplingParams(stop=["</answer>"]))
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=0)
+
+
+def test_quantised_rollout_and_fp8_kv_cache_show_mismatch(model):
+    p = SamplingParams(max_new_tokens=12)
+    for kv in (False, True):
+        rollout = quantize_(copy.deepcopy(model), quant_config("fp8_e4m3_w8a8"))
+        r = generate(rollout, PROMPTS, p, seeds=[1, 2, 3], kv_cache_fp8=kv)
+        old = logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, p)
+        m = correct("none", old, r.rollout_logp, r.completion_mask).metrics
+        assert 0 < m["logprob_abs_diff_mean"] < 0.2 and torch.isfinite(m["k3_kl"])
