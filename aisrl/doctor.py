@@ -1,0 +1,143 @@
+"""The mismatch doctor: how far will a rollout precision pull the samples from the trainer, before training?
+
+For each format: quantise a copy of the model (`aisrl.quant`), sample completions with it, recompute the
+same tokens' log-probs with the full-precision model, and report the metric set of `aisrl.correction`
+(k3 KL, ESS/N, chi2, logprob_abs_diff, fraction of ratios outside [0.5, 2], token multiplicative
+probability error) plus the time of one `sync_weights`. Writes JSON and a PNG histogram of token
+log-ratios per format.
+
+    aisrl mismatch --model smollm2 --formats fp8_e4m3_w8a8,fp8_e5m2_w8a8,int4 --task arithmetic
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from aisrl.correction import correct
+from aisrl.quant import quant_config, quantize_, sync_weights
+from aisrl.rollout import SamplingParams, generate, logprobs
+
+REPORTED = ["k3_kl", "kl", "ess", "chi2_token", "chi2_seq", "logprob_abs_diff_mean", "logprob_abs_diff_max",
+            "ratio_frac_above_2", "ratio_frac_below_half", "token_prob_mult_error"]  # fmt: skip
+
+
+def arithmetic_questions(n: int, seed: int) -> list[str]:
+    """Easy procedural arithmetic questions (a stand-in until aisrl.tasks exists)."""
+    rng = random.Random(seed)
+    qs = []
+    for _ in range(n):
+        a, b, op = rng.randint(2, 99), rng.randint(2, 99), rng.choice("+-*")
+        qs.append(f"What is {a} {op} {b}? Think step by step, then give the answer.")
+    return qs
+
+
+TASKS = {"arithmetic": arithmetic_questions}
+
+
+@dataclass
+class DoctorConfig:
+    model: str = "smollm2"
+    """'smollm2', a tiny-* model or a local Hugging Face directory."""
+    formats: list[str] = field(default_factory=lambda: ["fp8_e4m3_w8a8", "fp8_e5m2_w8a8", "int4"])
+    """Quantisation presets (aisrl.quant.PRESETS) to examine."""
+    task: str = "arithmetic"
+    """Prompt source."""
+    prompts: int = 16
+    """Number of prompts (one completion each)."""
+    max_new_tokens: int = 64
+    """Completion length."""
+    temperature: float = 1.0
+    """Sampling temperature (the processed distribution is what both sides score)."""
+    seed: int = 0
+    """Seed of the prompts and of the samples."""
+
+
+def _prompt_ids(cfg: DoctorConfig, tok) -> list[list[int]]:
+    if cfg.task not in TASKS:
+        raise ValueError(f"unknown task {cfg.task!r}; choose from {sorted(TASKS)}")
+    questions = TASKS[cfg.task](cfg.prompts, cfg.seed)
+    if tok is None:  # tiny models have no tokenizer: bytes of the text, folded into a small vocabulary
+        return [[1] + [3 + b % 200 for b in q.encode()][:24] for q in questions]
+    if getattr(tok, "chat_template", None):
+        ids = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True) for q in questions]
+        return [list(x if isinstance(x[0], int) else x["input_ids"]) for x in ids]
+    return [tok(q).input_ids for q in questions]
+
+
+def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:
+    """Run the doctor; returns {format: {metric: value, ..., "log_ratios": [...]}}."""
+    for name in cfg.formats:
+        quant_config(name)  # fail fast on an unknown preset, before loading anything
+    if model is None:
+        from aisrl.models import load_model
+
+        model, tok = load_model(cfg.model)
+    prompts = _prompt_ids(cfg, tok)
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+    seeds = [cfg.seed * 100_003 + i for i in range(len(prompts))]
+    out = {}
+    for name in cfg.formats:
+        qcfg = quant_config(name)
+        rollout = quantize_(copy.deepcopy(model), qcfg)
+        sync_s = sync_weights(model, rollout)
+        t0 = time.perf_counter()
+        r = generate(rollout, prompts, params, seeds=seeds, tokenizer=tok, kv_cache_fp8=qcfg.kv_cache)
+        gen_s = time.perf_counter() - t0
+        with torch.no_grad():
+            old = logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, params)
+        m = correct("none", old, r.rollout_logp, r.completion_mask).metrics
+        out[name] = {k: m[k].item() for k in REPORTED}
+        out[name].update(tokens=int(r.completion_mask.sum()), sync_seconds=sync_s, generate_seconds=gen_s,
+                         log_ratios=(old - r.rollout_logp)[r.completion_mask].tolist())  # fmt: skip
+        del rollout
+    return out
+
+
+def table(result: dict) -> str:
+    cols = ["k3_kl", "ess", "chi2_token", "logprob_abs_diff_mean", "ratio_frac_above_2", "ratio_frac_below_half",
+            "token_prob_mult_error", "sync_seconds"]  # fmt: skip
+    head = "| format | tokens | " + " | ".join(cols) + " |\n|" + "---|" * (len(cols) + 2) + "\n"
+    rows = [f"| {f} | {r['tokens']} | " + " | ".join(f"{r[c]:.4g}" for c in cols) + " |" for f, r in result.items()]
+    return head + "\n".join(rows) + "\n"
+
+
+def histogram(result: dict, path: str | Path) -> None:
+    """PNG histogram of token log-ratios log pi - log mu, one curve per format (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, r in result.items():
+        x = torch.tensor(r["log_ratios"]).clamp(-3, 3)
+        ax.hist(x.numpy(), bins=120, range=(-3, 3), histtype="step", density=True, label=name)
+    ax.set_yscale("log")
+    ax.set_xlabel("token log-ratio  log pi_trainer - log mu_rollout  (clamped to +-3)")
+    ax.set_ylabel("density")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(cfg: DoctorConfig, out_dir: str | Path) -> dict:
+    from aisrl.bench.report import machine, write_json
+
+    out_dir = Path(out_dir)
+    result = diagnose(cfg)
+    print(table(result))
+    write_json(out_dir / "mismatch.json", {"config": cfg.__dict__, "machine": machine(), "formats": result})
+    try:
+        histogram(result, out_dir / "logratio_hist.png")
+        print(f"histogram: {out_dir / 'logratio_hist.png'}")
+    except ImportError:
+        print("(pip install matplotlib for the histogram)")
+    print(f"results: {out_dir / 'mismatch.json'}")
+    return result

@@ -1,0 +1,35 @@
+import json
+
+import pytest
+
+from aisrl.cli import main
+from aisrl.doctor import DoctorConfig, diagnose, table
+from aisrl.models import tiny_model
+
+
+def test_doctor_orders_formats_by_precision():
+    cfg = DoctorConfig(model="tiny-llama", formats=["bf16", "fp8_e4m3_w8a8", "mxfp4"], prompts=6, max_new_tokens=10)
+    res = diagnose(cfg, tiny_model("tiny-llama", seed=1), None)
+    assert list(res) == cfg.formats
+    for r in res.values():
+        assert r["tokens"] == 60 and len(r["log_ratios"]) == 60 and 0 < r["ess"] <= 1
+    # coarser formats pull the rollout further from the trainer
+    assert res["bf16"]["k3_kl"] < res["fp8_e4m3_w8a8"]["k3_kl"] < res["mxfp4"]["k3_kl"]
+    assert "| fp8_e4m3_w8a8 | 60 |" in table(res)
+
+
+def test_cli_writes_json_and_png(tmp_path):
+    out = tmp_path / "doc"
+    rc = main(["mismatch", "--model", "tiny-qwen2", "--formats", "fp8_e4m3,int4", "--out", str(out),
+               "prompts=3", "max_new_tokens=5"])  # fmt: skip
+    assert rc == 0
+    data = json.loads((out / "mismatch.json").read_text())
+    assert set(data["formats"]) == {"fp8_e4m3", "int4"} and data["config"]["prompts"] == 3
+    assert (out / "logratio_hist.png").stat().st_size > 1000
+
+
+def test_unknown_format_fails_before_loading(capsys):
+    assert main(["mismatch", "--model", "tiny-llama", "--formats", "fp7"]) == 2
+    assert "unknown quantisation preset 'fp7'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown task"):
+        diagnose(DoctorConfig(model="tiny-llama", task="chess"), tiny_model(), None)
