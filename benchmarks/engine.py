@@ -3,6 +3,7 @@ of `logprobs` vs a naive full forward. Writes benchmarks/results/engine.json and
 
     python benchmarks/engine.py throughput [batches=1,8,32,64] [new_tokens=128]
     python benchmarks/engine.py memory
+    python benchmarks/engine.py profile      # share of decode time per op at batch 64
 """
 
 import json
@@ -47,6 +48,22 @@ def throughput(batches=(1, 8, 32, 64), new_tokens=128):
                      "hf_tok_s": b * new_tokens / hf, "speedup": hf / ours})  # fmt: skip
         print(rows[-1], flush=True)
     return rows
+
+
+def profile(batch=64, steps=24):
+    """Share of CPU time per aten op over `steps` decode steps at `batch` (what bounds the engine)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    model, tok = load_model("smollm2")
+    prompts = [list(p if isinstance(p[0], int) else p["input_ids"]) for p in _prompts(tok, batch)]
+    generate(model, prompts, SamplingParams(max_new_tokens=4), eos_id=[])  # warm-up
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        generate(model, prompts, SamplingParams(max_new_tokens=steps), eos_id=[])
+    ops = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in ops)
+    top = sorted(ops, key=lambda e: -e.self_cpu_time_total)[:8]
+    return {e.key: round(100 * e.self_cpu_time_total / total, 1) for e in top}
 
 
 def _peak_rss_gb_of(code: str) -> float:
@@ -95,6 +112,9 @@ if __name__ == "__main__":
         body += "\n".join(f"| {r['batch']} | {r['ours_tok_s']:.0f} | {r['hf_tok_s']:.0f} | {r['speedup']:.2f}x |"
                           for r in rows) + "\n"  # fmt: skip
         update_section(ROOT / "BENCHMARKS.md", "engine_throughput", body)
+    elif what == "profile":
+        data["profile_batch64_percent"] = profile()
+        print(data["profile_batch64_percent"])
     else:
         m = memory()
         data["memory"] = m
