@@ -29,6 +29,43 @@ def _mismatch(args) -> int:
     return 0
 
 
+def _train(args) -> int:
+    from aisrl.train_config import load_config
+    from aisrl.trainer import train
+
+    preset, overrides = args.preset, list(args.overrides)
+    if preset and "=" in preset:  # `aisrl train key=value ...` without a preset
+        preset, overrides = None, [preset, *overrides]
+    cfg = load_config(preset or "lab", overrides)
+    summary = train(cfg)
+    s = summary
+    print(f"reward: first fifth {s['reward_first_fifth']:.3f} -> last fifth {s['reward_last_fifth']:.3f}; "
+          f"held-out greedy accuracy {s['eval_accuracy']}")  # fmt: skip
+    print(f"report: {s['report']}  metrics: {cfg.output_dir}/metrics.jsonl  summary: {cfg.output_dir}/summary.json")
+    return 0
+
+
+def _eval(args) -> int:
+    from aisrl.checkpoint import latest_checkpoint
+    from aisrl.train_config import load_config
+    from aisrl.trainer import build, evaluate
+
+    cfg = load_config(args.preset or "lab", list(args.overrides))
+    model, tok, task, encode = build(cfg)
+    ckpt = latest_checkpoint(cfg.output_dir)
+    if ckpt is None:
+        raise ValueError(f"no checkpoint in {cfg.output_dir!r}; train first or pass output_dir=...")
+    from safetensors.torch import load_file
+
+    model.load_state_dict(load_file(ckpt / "model.safetensors"))
+    from aisrl.rollout import SamplingParams
+
+    held = task.problems("test", cfg.eval_problems, seed=cfg.seed + 1)
+    acc = evaluate(model, tok, task, encode, held, SamplingParams(cfg.rollout.max_new_tokens))
+    print(f"{ckpt}: held-out greedy accuracy {acc:.3f} on {len(held)} problems")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="aisrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -47,10 +84,16 @@ def main(argv: list[str] | None = None) -> int:
     mis.add_argument("--out", default="runs/mismatch", help="output directory (JSON + PNG)")
     mis.add_argument("overrides", nargs="*", help="e.g. prompts=32 max_new_tokens=128 temperature=0.7")
     mis.set_defaults(func=_mismatch)
+    for name, fn, text in (("train", _train, "GRPO with low-precision rollouts (resumes from output_dir)"),
+                           ("eval", _eval, "held-out greedy accuracy of the latest checkpoint")):  # fmt: skip
+        p = sub.add_parser(name, help=text)
+        p.add_argument("preset", nargs="?", help="preset name (aisrl/presets) or YAML file; default: lab")
+        p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. max_steps=20 correction.name=tis")
+        p.set_defaults(func=fn)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as e:  # bad config: one clear line, no traceback
+    except (ValueError, FileNotFoundError) as e:  # bad config or input: one clear line, no traceback
         print(f"aisrl: error: {e}", file=sys.stderr)
         return 2
 

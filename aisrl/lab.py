@@ -1,0 +1,159 @@
+"""The lab: a tiny policy that already succeeds sometimes, so RL has signal within minutes on a CPU.
+
+SmolLM2-135M is too weak and too slow here for multi-seed studies. The lab model is a Llama-style transformer
+of about 1.5M parameters with a character tokenizer built locally (the four format tags are single
+tokens). It is warm-started by supervised fine-tuning on solver traces of a procedural task
+(`<reasoning>23+48=71</reasoning><answer>71</answer>`), deterministically, and stopped early so its held-out
+success rate sits between the bounds of `LabConfig.target`; GRPO then has room to lift it. The result is
+cached on disk under a hash of the configuration, so a second run starts instantly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from aisrl.tasks import Problem, make_task
+
+SPECIAL = ["<pad>", "<bos>", "<eos>", "<reasoning>", "</reasoning>", "<answer>", "</answer>"]
+CHARS = list("0123456789+-*/=()., :?") + [chr(c) for c in range(ord("a"), ord("z") + 1)] + list("UMDS\n")
+
+
+class CharTokenizer:
+    """Characters plus the format tags as single tokens; ids 0, 1, 2 are pad, bos, eos."""
+
+    pad_token_id, bos_token_id, eos_token_id = 0, 1, 2
+
+    def __init__(self):
+        self.vocab = SPECIAL + CHARS
+        self.index = {t: i for i, t in enumerate(self.vocab)}
+
+    def __len__(self):
+        return len(self.vocab)
+
+    def encode(self, text: str) -> list[int]:
+        ids, i = [], 0
+        while i < len(text):
+            tag = next((t for t in SPECIAL[3:] if text.startswith(t, i)), None)
+            tok = tag or text[i]
+            if tok not in self.index:
+                raise ValueError(f"character {tok!r} is not in the lab tokenizer's vocabulary")
+            ids.append(self.index[tok])
+            i += len(tok)
+        return ids
+
+    def decode(self, ids) -> str:
+        return "".join(self.vocab[i] for i in ids if i > 2)
+
+
+def prompt_text(p: Problem) -> str:
+    return f"{p.question}:"
+
+
+def completion_text(p: Problem) -> str:
+    return f"<reasoning>{p.solution}</reasoning><answer>{p.answer}</answer>"
+
+
+@dataclass
+class LabConfig:
+    task: str = "arithmetic"
+    """Procedural task of the warm start (arithmetic, countdown, sudoku4)."""
+    max_operand: int = 20
+    """Arithmetic operands are drawn from 0..max_operand (the lab's difficulty)."""
+    hidden: int = 192
+    """Model width."""
+    layers: int = 4
+    """Transformer layers."""
+    sft_examples: int = 600
+    """Solver traces used for the warm start."""
+    sft_max_steps: int = 1000
+    """Upper bound on SFT steps (batch 64)."""
+    target: tuple[float, float] = (0.1, 0.7)
+    """Stop SFT once held-out greedy accuracy is inside this band (checked every 50 steps)."""
+    lr: float = 3e-3
+    """SFT learning rate (AdamW, cosine-free, constant)."""
+    seed: int = 0
+    """Seed of data, init and training."""
+
+
+def lab_task(cfg: LabConfig):
+    return make_task(cfg.task, max_operand=cfg.max_operand) if cfg.task == "arithmetic" else make_task(cfg.task)
+
+
+def _cache_dir(cfg: LabConfig) -> Path:
+    key = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode()).hexdigest()[:12]
+    root = Path(os.environ.get("AISRL_CACHE", Path.home() / ".cache" / "aisrl"))
+    return root / "lab" / key
+
+
+def greedy_accuracy(model, tok: CharTokenizer, problems: list[Problem], task, max_new_tokens: int = 40) -> float:
+    from aisrl.rollout import SamplingParams, generate
+
+    prompts = [[tok.bos_token_id] + tok.encode(prompt_text(p)) for p in problems]
+    r = generate(model, prompts, SamplingParams(max_new_tokens=max_new_tokens, greedy=True),
+                 pad_id=tok.pad_token_id, eos_id=tok.eos_token_id)  # fmt: skip
+    texts = [tok.decode(r.completion_ids[i][r.completion_mask[i]].tolist()) for i in range(len(problems))]
+    return sum(task.reward(t, p)[1] for t, p in zip(texts, problems, strict=True)) / len(problems)
+
+
+def lab_model(cfg: LabConfig | None = None, verbose: bool = True):
+    """(model, tokenizer, info): the warm-started lab policy, trained once and cached."""
+    from aisrl.models import save_model, tiny_model
+
+    cfg = cfg or LabConfig()
+    tok = CharTokenizer()
+    cache = _cache_dir(cfg)
+    if (cache / "info.json").exists():
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(cache, local_files_only=True, dtype=torch.float32).eval()
+        return model, tok, json.loads((cache / "info.json").read_text())
+    task = lab_task(cfg)
+    model = tiny_model("tiny-llama", seed=cfg.seed, vocab_size=len(tok), hidden=cfg.hidden, layers=cfg.layers,
+                       pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    train = task.problems("train", cfg.sft_examples, seed=cfg.seed)
+    held = task.problems("test", 80, seed=cfg.seed + 1)
+    seqs = [([tok.bos_token_id] + tok.encode(prompt_text(p)), tok.encode(completion_text(p)) + [tok.eos_token_id])
+            for p in train]  # fmt: skip
+    gen = torch.Generator().manual_seed(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    acc, step = greedy_accuracy(model, tok, held, task), 0
+    while not (cfg.target[0] <= acc <= cfg.target[1]) and step < cfg.sft_max_steps:
+        model.train()
+        for _ in range(50):
+            idx = torch.randint(len(seqs), (64,), generator=gen).tolist()
+            loss = _sft_loss(model, [seqs[i] for i in idx], tok.pad_token_id)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            step += 1
+        model.eval()
+        acc = greedy_accuracy(model, tok, held, task)
+        if verbose:
+            print(f"lab SFT step {step}: loss {loss.item():.3f}, held-out greedy accuracy {acc:.2f}", flush=True)
+    info = {"sft_steps": step, "heldout_greedy_accuracy": acc, "params": sum(p.numel() for p in model.parameters()),
+            "config": asdict(cfg)}  # fmt: skip
+    tmp = cache.with_name(cache.name + ".tmp")
+    save_model(model, tmp)
+    (tmp / "info.json").write_text(json.dumps(info))
+    tmp.rename(cache) if not cache.exists() else None
+    return model, tok, info
+
+
+def _sft_loss(model, batch: list[tuple[list[int], list[int]]], pad: int) -> torch.Tensor:
+    """Next-token cross-entropy on completion tokens only (prompt tokens are context)."""
+    width = max(len(p) + len(c) for p, c in batch)
+    ids = torch.full((len(batch), width), pad)
+    labels = torch.full((len(batch), width), -100)
+    mask = torch.zeros(len(batch), width, dtype=torch.long)
+    for i, (p, c) in enumerate(batch):
+        ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+        labels[i, len(p) : len(p) + len(c)] = torch.tensor(c)
+        mask[i, : len(p) + len(c)] = 1  # right padding: causal attention never sees it
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)

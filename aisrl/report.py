@@ -1,0 +1,73 @@
+"""End-of-run report: summary.json, a printed summary table and report.png (reward/accuracy, alpha and the
+three AIS diagnostics, KL and ESS over steps)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize(rows: list[dict]) -> dict:
+    n = len(rows)
+    fifth = max(1, n // 5)
+    evals = [r for r in rows if "eval_accuracy" in r]
+    timing = {k: _mean([r.get(k) for r in rows]) for k in ("time_rollout", "time_logprob", "time_correction",
+                                                            "time_train", "time_sync")}  # fmt: skip
+    return {
+        "steps": n,
+        "reward_first_fifth": _mean([r["reward"] for r in rows[:fifth]]),
+        "reward_last_fifth": _mean([r["reward"] for r in rows[-fifth:]]),
+        "accuracy_first_fifth": _mean([r["accuracy"] for r in rows[:fifth]]),
+        "accuracy_last_fifth": _mean([r["accuracy"] for r in rows[-fifth:]]),
+        "eval_accuracy": [(r["step"], r["eval_accuracy"]) for r in evals],
+        "mean_alpha": _mean([r.get("alpha") for r in rows]),
+        "mean_k3_kl": _mean([r.get("k3_kl") for r in rows]),
+        "seconds_per_step": timing,
+    }
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows]
+    fig, ax = plt.subplots(1, 3, figsize=(14, 3.8))
+    ax[0].plot(steps, [r["reward"] for r in rows], label="reward")
+    ax[0].plot(steps, [r["accuracy"] for r in rows], label="train accuracy")
+    ev = [r for r in rows if "eval_accuracy" in r]
+    ax[0].plot([r["step"] for r in ev], [r["eval_accuracy"] for r in ev], "o-", label="held-out greedy accuracy")
+    ax[0].set_title("reward and accuracy")
+    for key in ("alpha", "weight_reliability", "divergence_severity", "variance_amplification"):
+        if any(r.get(key) is not None for r in rows):
+            ax[1].plot(steps, [r.get(key) for r in rows], label=key)
+    ax[1].set_title("AIS: alpha and diagnostics")
+    ax[2].plot(steps, [r["k3_kl"] for r in rows], label="k3 KL(mu||pi)")
+    ax[2].plot(steps, [r["ess"] for r in rows], label="sequence ESS/N")
+    ax[2].set_yscale("log")
+    ax[2].set_title("rollout/trainer mismatch")
+    for a in ax:
+        a.set_xlabel("step")
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(out: str | Path) -> dict:
+    out = Path(out)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    summary = summarize(rows)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    try:
+        plot(rows, out / "report.png")
+        summary["report"] = str(out / "report.png")
+    except ImportError:
+        summary["report"] = None
+    return summary

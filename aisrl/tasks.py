@@ -1,0 +1,247 @@
+"""Tasks with verifiable rewards: a problem generator (or file) plus a reward function.
+
+Completions must look like `<reasoning>...</reasoning><answer>...</answer>`. The reward has two parts, as in
+d1 (Zhao et al. 2025) and the AIS paper's GRPO setup:
+
+    format      0.5  if the completion is exactly one reasoning block followed by one answer block
+    correctness 1.0  if the answer is right (checked by the task: integer equality, expression
+                     evaluation, puzzle validity, or math-verify for free-form math)
+
+so rewards lie in {0, 0.5, 1.0, 1.5}; `accuracy` counts correctness only. Procedural tasks are generated
+from a seed and never download anything. Train and held-out problems never overlap: a problem's split is
+decided by a hash of its text (1 in 8 is held out), so the two splits are disjoint by construction.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import operator
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FORMAT_RE = re.compile(r"^\s*<reasoning>(.*?)</reasoning>\s*<answer>(.*?)</answer>\s*$", re.S)
+FORMAT_POINTS, CORRECT_POINTS = 0.5, 1.0
+INSTRUCTION = "Answer in the format <reasoning>...</reasoning><answer>...</answer>."
+
+
+@dataclass
+class Problem:
+    question: str
+    """The prompt text (without the format instruction)."""
+    answer: str
+    """The reference answer."""
+    solution: str = ""
+    """A worked reasoning trace (for supervised warm starts); empty when unknown."""
+    meta: dict = field(default_factory=dict)
+
+
+def extract_answer(completion: str) -> str | None:
+    """The text of the answer block if the completion has the required format, else None."""
+    m = FORMAT_RE.match(completion)
+    return m.group(2).strip() if m else None
+
+
+def _split_of(text: str) -> str:
+    return "test" if int(hashlib.sha256(text.encode()).hexdigest(), 16) % 8 == 0 else "train"
+
+
+class Task:
+    """A task: `problems(split, n, seed)` and `check(answer, problem) -> bool`."""
+
+    name = "task"
+
+    def generate(self, rng: random.Random) -> Problem:
+        raise NotImplementedError
+
+    def check(self, answer: str, problem: Problem) -> bool:
+        raise NotImplementedError
+
+    def problems(self, split: str, n: int, seed: int = 0) -> list[Problem]:
+        """n distinct problems of `split` ('train' or 'test'), deterministic in seed."""
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        rng, out, seen = random.Random(seed), [], set()
+        for _ in range(200 * n + 1000):
+            p = self.generate(rng)
+            if p.question in seen or _split_of(p.question) != split:
+                continue
+            seen.add(p.question)
+            out.append(p)
+            if len(out) == n:
+                return out
+        raise ValueError(f"task {self.name!r} could not produce {n} distinct {split} problems")
+
+    def reward(self, completion: str, problem: Problem) -> tuple[float, bool]:
+        """(format + correctness reward, correct?)."""
+        answer = extract_answer(completion)
+        if answer is None:
+            return 0.0, False
+        correct = self.check(answer, problem)
+        return FORMAT_POINTS + (CORRECT_POINTS if correct else 0.0), correct
+
+
+def _int_or_none(s: str) -> int | None:
+    s = s.strip().replace(",", "")
+    return int(s) if re.fullmatch(r"[-+]?\d+", s) else None
+
+
+class Arithmetic(Task):
+    """a op b with op in + - *; the trace works the digits out (easy: 1-2 digit operands)."""
+
+    name = "arithmetic"
+
+    def __init__(self, max_operand: int = 99, ops: str = "+-"):
+        self.max_operand, self.ops = max_operand, ops
+
+    def generate(self, rng):
+        a, b, op = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand), rng.choice(self.ops)
+        value = {"+": a + b, "-": a - b, "*": a * b}[op]
+        steps = f"{a}{op}{b}={value}"
+        return Problem(f"{a}{op}{b}", str(value), steps, {"a": a, "b": b, "op": op})
+
+    def check(self, answer, problem):
+        return _int_or_none(answer) == int(problem.answer)
+
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def _safe_eval(expr: str) -> tuple[float, list[int]] | None:
+    """Evaluate an arithmetic expression of integers with + - * / and parentheses; (value, numbers used)."""
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except SyntaxError:
+        return None
+    used: list[int] = []
+
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            used.append(node.value)
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+        raise ValueError("not allowed")
+
+    try:
+        return ev(tree), used
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+class Countdown(Task):
+    """Reach the target with each given number used at most once, using + - * / (d1's Countdown)."""
+
+    name = "countdown"
+
+    def __init__(self, n_numbers: int = 3, max_number: int = 20):
+        self.n, self.max_number = n_numbers, max_number
+
+    def generate(self, rng):
+        nums = [rng.randint(1, self.max_number) for _ in range(self.n)]
+        a, b, c = nums[0], nums[1], nums[2] if self.n > 2 else 0
+        op1, op2 = rng.choice("+-*"), rng.choice("+-")
+        expr = f"({a}{op1}{b}){op2}{c}" if self.n > 2 else f"{a}{op1}{b}"
+        target = int(_safe_eval(expr)[0])
+        q = f"Use {' '.join(map(str, nums))} to make {target}"
+        return Problem(q, expr, f"{expr}={target}", {"numbers": nums, "target": target})
+
+    def check(self, answer, problem):
+        res = _safe_eval(answer)
+        if res is None:
+            return False
+        value, used = res
+        pool = list(problem.meta["numbers"])
+        for u in used:
+            if u not in pool:
+                return False
+            pool.remove(u)
+        return abs(value - problem.meta["target"]) < 1e-9
+
+
+class Sudoku4(Task):
+    """4x4 Sudoku: fill the 0s of a 16-digit grid; the answer is the 16 digits row by row."""
+
+    name = "sudoku4"
+
+    def __init__(self, holes: int = 6):
+        self.holes = holes
+
+    def generate(self, rng):
+        base = [[(r * 2 + r // 2 + c) % 4 + 1 for c in range(4)] for r in range(4)]  # a valid grid
+        digits = rng.sample([1, 2, 3, 4], 4)
+        grid = [[digits[v - 1] for v in row] for row in base]
+        for band in (0, 2):  # swapping two rows, or two columns, inside a band keeps the grid valid
+            if rng.random() < 0.5:
+                grid[band], grid[band + 1] = grid[band + 1], grid[band]
+            if rng.random() < 0.5:
+                for row in grid:
+                    row[band], row[band + 1] = row[band + 1], row[band]
+        sol = "".join(str(v) for row in grid for v in row)
+        puzzle = list(sol)
+        for i in rng.sample(range(16), self.holes):
+            puzzle[i] = "0"
+        return Problem("".join(puzzle), sol, sol, {})
+
+    @staticmethod
+    def valid(grid: str) -> bool:
+        if not re.fullmatch(r"[1-4]{16}", grid):
+            return False
+        g = [grid[i * 4 : i * 4 + 4] for i in range(4)]
+        groups = g + ["".join(r[c] for r in g) for c in range(4)]
+        groups += [g[r][c] + g[r][c + 1] + g[r + 1][c] + g[r + 1][c + 1] for r in (0, 2) for c in (0, 2)]
+        return all(sorted(x) == list("1234") for x in groups)
+
+    def check(self, answer, problem):
+        a = re.sub(r"\s", "", answer)
+        return self.valid(a) and all(p in ("0", x) for p, x in zip(problem.question, a, strict=False))
+
+
+class JsonlMath(Task):
+    """GSM8K / MATH-style problems from a local JSONL file with `question` and `answer` fields.
+
+    Answers are compared with math-verify when installed (symbolic equivalence), else numerically/textually.
+    """
+
+    name = "jsonl"
+
+    def __init__(self, path: str):
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"dataset file {path!r} not found (expected JSONL with question/answer fields)")
+        self.rows = []
+        for i, line in enumerate(p.read_text().splitlines()):
+            if line.strip():
+                row = json.loads(line)
+                if "question" not in row or "answer" not in row:
+                    raise ValueError(f"{path}:{i + 1}: each line needs 'question' and 'answer' fields")
+                ans = str(row["answer"]).split("####")[-1].strip()  # GSM8K keeps the final answer after ####
+                self.rows.append(Problem(row["question"], ans, str(row["answer"]), {}))
+
+    def problems(self, split, n, seed=0):
+        pool = [p for p in self.rows if _split_of(p.question) == split]
+        random.Random(seed).shuffle(pool)
+        return pool[:n]
+
+    def check(self, answer, problem):
+        try:
+            from math_verify import parse, verify
+
+            return bool(verify(parse(problem.answer), parse(answer)))
+        except ImportError:
+            a, b = _int_or_none(answer), _int_or_none(problem.answer)
+            return a == b if a is not None else answer.strip() == problem.answer.strip()
+
+
+TASKS = {"arithmetic": Arithmetic, "countdown": Countdown, "sudoku4": Sudoku4, "jsonl": JsonlMath}
+
+
+def make_task(name: str, **kwargs) -> Task:
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; choose from {sorted(TASKS)}")
+    return TASKS[name](**kwargs)

@@ -1,0 +1,127 @@
+"""Training configuration: typed dataclasses, YAML presets, dotted `key=value` overrides.
+
+    cfg = load_config("lab", ["max_steps=20", "correction.name=tis", "rollout.quant=none"])
+
+A preset is a name in aisrl/presets/ or a path to a YAML file; YAML is read with yaml.safe_load and applied
+as dotted overrides, so an unknown key or a wrong type fails with a message naming the key either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aisrl.config import apply_overrides
+from aisrl.lab import LabConfig
+
+PRESET_DIR = Path(__file__).parent / "presets"
+
+
+@dataclass
+class ModelConfig:
+    name: str = "lab"
+    """'lab' (warm-started tiny model), 'smollm2', a tiny-* name or a local Hugging Face directory."""
+
+
+@dataclass
+class RolloutConfig:
+    quant: str = "fp8_e4m3_w8a8"
+    """Rollout precision: a preset of aisrl.quant.PRESETS, or 'none' for full-precision rollouts."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1 = off)."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
+    max_new_tokens: int = 24
+    """Completion length limit."""
+
+
+@dataclass
+class CorrectionConfig:
+    name: str = "ais"
+    """Mismatch correction: any name in aisrl.correction.CORRECTIONS."""
+    cap: float = 2.0
+    """Truncation cap C (tis, seq_tis, geo_tis, ais)."""
+    ema: float = 0.0
+    """AIS: smoothing of alpha across steps (0 = per-batch alpha)."""
+    bypass: bool = False
+    """Use rollout_logp as old_logp and skip the trainer-side recompute (then every weight is 1)."""
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 0
+    """Seed of prompts, sampling and initialisation."""
+    max_steps: int = 60
+    """GRPO steps."""
+    output_dir: str = "runs/lab"
+    """Where checkpoints, metrics.jsonl and the report go; re-running with the same directory resumes."""
+    task: str = "arithmetic"
+    """Task name (aisrl.tasks.TASKS); the lab model's task comes from lab.task."""
+    dataset: str = ""
+    """JSONL file for task=jsonl."""
+    train_problems: int = 500
+    """Size of the training prompt pool (drawn from the task's train split)."""
+    prompts_per_step: int = 16
+    """Prompts per step (B); each is sampled group_size times."""
+    group_size: int = 8
+    """Completions per prompt (G)."""
+    epochs: int = 1
+    """PPO epochs over each batch (mu)."""
+    micro_batch: int = 64
+    """Sequences per forward/backward (gradient accumulation over the batch)."""
+    lr: float = 5e-4
+    """AdamW learning rate (constant after warm-up, so a resumed run is exact whatever max_steps is)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up."""
+    clip_low: float = 0.2
+    """PPO clip below 1."""
+    clip_high: float = 0.2
+    """PPO clip above 1."""
+    agg: str = "token-mean"
+    """Loss aggregation (aisrl.losses.AGGREGATIONS)."""
+    grad_clip: float = 1.0
+    """Max gradient norm (0 = off)."""
+    kl_coef: float = 0.0
+    """Coefficient of the k3 KL to the initial policy (0 = no reference model)."""
+    eval_every: int = 10
+    """Held-out greedy accuracy every this many steps (and at the end)."""
+    eval_problems: int = 80
+    """Held-out problems per evaluation."""
+    checkpoint_every: int = 10
+    """Checkpoint every this many steps (and at the end)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
+    lab: LabConfig = field(default_factory=LabConfig)
+
+
+def _flatten(d: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out += _flatten(v, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k}={v!r}" if isinstance(v, str) else f"{prefix}{k}={v}")
+    return out
+
+
+def load_config(preset: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """TrainConfig from defaults, then a preset (name or YAML path), then `key=value` overrides."""
+    import yaml
+
+    cfg = TrainConfig()
+    if preset:
+        path = Path(preset)
+        if not path.suffix:
+            path = PRESET_DIR / f"{preset}.yaml"
+        if not path.is_file():
+            names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+            raise ValueError(f"unknown preset {preset!r}: not a YAML file and not one of {names}")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a preset must be a mapping of config keys")
+        apply_overrides(cfg, _flatten(data))
+    apply_overrides(cfg, overrides or [])
+    return cfg

@@ -1,0 +1,213 @@
+"""GRPO with low-precision rollouts and mismatch correction, top to bottom (DESIGN.md section 6).
+
+One step:
+    prompts -> G rollouts each from the quantised copy (rollout_logp from the processed distribution)
+    -> rewards -> group advantages -> old_logp recomputed at training precision (or bypass)
+    -> correction weights (aisrl.correction) -> mu epochs of grpo_loss over micro-batches
+    -> optimizer step -> sync_weights (re-quantise the trainer into the rollout copy)
+
+Everything random in a step is derived from (seed, step): the prompts and every request's sampling
+seed. So a run resumed from a checkpoint continues exactly as an uninterrupted run would.
+Outputs in `output_dir`: metrics.jsonl (one row per step), checkpoints/, report.png and summary.json.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from aisrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from aisrl.correction import CORRECTIONS, correct
+from aisrl.losses import AGGREGATIONS, group_advantages, grpo_loss
+from aisrl.quant import quant_config, quantize_, sync_weights
+from aisrl.rollout import SamplingParams, generate, logprobs
+from aisrl.train_config import TrainConfig
+
+
+def build(cfg: TrainConfig):
+    """(model, tokenizer, task, encode_prompt) for the configured model and task."""
+    from aisrl.tasks import INSTRUCTION, make_task
+
+    if cfg.model.name == "lab":
+        from aisrl.lab import lab_model, lab_task, prompt_text
+
+        model, tok, _ = lab_model(cfg.lab)
+        return model, tok, lab_task(cfg.lab), lambda p: [tok.bos_token_id] + tok.encode(prompt_text(p))
+    from aisrl.models import load_model
+
+    model, tok = load_model(cfg.model.name)
+    if tok is None:
+        raise ValueError(f"model {cfg.model.name!r} has no tokenizer; use model.name=lab or a directory with one")
+    task = make_task(cfg.task, **({"path": cfg.dataset} if cfg.task == "jsonl" else {}))
+
+    def encode(p):
+        msgs = [{"role": "user", "content": f"{p.question}\n{INSTRUCTION}"}]
+        ids = tok.apply_chat_template(msgs, add_generation_prompt=True)
+        return list(ids if isinstance(ids[0], int) else ids["input_ids"])
+
+    return model, tok, task, encode
+
+
+def validate(cfg: TrainConfig) -> None:
+    if cfg.correction.name not in CORRECTIONS:
+        raise ValueError(f"unknown correction {cfg.correction.name!r}; choose from {sorted(CORRECTIONS)}")
+    if cfg.agg not in AGGREGATIONS:
+        raise ValueError(f"unknown agg {cfg.agg!r}; choose from {list(AGGREGATIONS)}")
+    if cfg.rollout.quant != "none":
+        quant_config(cfg.rollout.quant)  # raises with the list of presets
+    if cfg.group_size < 2:
+        raise ValueError("group_size must be >= 2 (GRPO advantages compare completions of one prompt)")
+
+
+def _correction_options(cfg: TrainConfig, prev_alpha):
+    name, opts = cfg.correction.name, {}
+    if name in ("tis", "seq_tis", "geo_tis", "ais"):
+        opts["cap"] = cfg.correction.cap
+    if name == "ais" and cfg.correction.ema > 0:
+        opts.update(ema=cfg.correction.ema, prev_alpha=prev_alpha)
+    return opts
+
+
+def _scalars(d: dict) -> dict:
+    return {k: (v.item() if torch.is_tensor(v) else v) for k, v in d.items()}
+
+
+def train(cfg: TrainConfig, log=print) -> dict:
+    """Run (or resume) GRPO; returns the summary dict."""
+    validate(cfg)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    model, tok, task, encode = build(cfg)
+    model.train()
+    rollout = copy.deepcopy(model).eval()
+    if cfg.rollout.quant != "none":
+        quantize_(rollout, quant_config(cfg.rollout.quant))
+    kv_fp8 = getattr(getattr(rollout, "quant_config", None), "kv_cache", False)
+    ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
+    params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
+    pool = task.problems("train", cfg.train_problems, seed=cfg.seed)
+    held = task.problems("test", cfg.eval_problems, seed=cfg.seed + 1)
+
+    start, prev_alpha = 0, None
+    ckpt = latest_checkpoint(out)
+    if ckpt is not None:
+        state = load_checkpoint(ckpt, model, opt)
+        start, prev_alpha = state["step"], state["extra"].get("prev_alpha")
+        sched.last_epoch = start - 1
+        sync_weights(model, rollout)
+        log(f"resumed from {ckpt} at step {start}")
+    metrics_path = out / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+    rows = [r for r in rows if r["step"] <= start]  # drop rows of steps after the checkpoint
+    metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    B, G = cfg.prompts_per_step, cfg.group_size
+    for step in range(start + 1, cfg.max_steps + 1):
+        t = {}
+        # 1. prompts and G rollouts each, from the low-precision copy
+        rng = random.Random(cfg.seed * 1_000_003 + step)
+        problems = [p for p in rng.sample(pool, min(B, len(pool))) for _ in range(G)]
+        seeds = [(cfg.seed * 1_000_003 + step) * 4096 + i for i in range(len(problems))]
+        t0 = time.perf_counter()
+        r = generate(rollout, [encode(p) for p in problems], params, seeds=seeds, tokenizer=tok,
+                     pad_id=tok.pad_token_id or 0, eos_id=tok.eos_token_id, kv_cache_fp8=kv_fp8)  # fmt: skip
+        t["time_rollout"] = time.perf_counter() - t0
+        # 2. rewards and group advantages
+        texts = [tok.decode(r.completion_ids[i][r.completion_mask[i]].tolist()) for i in range(len(problems))]
+        scored = [task.reward(x, p) for x, p in zip(texts, problems, strict=True)]
+        rewards = torch.tensor([s[0] for s in scored])
+        adv = group_advantages(rewards, G)
+        # 3. old_logp at training precision (or bypass), then the correction
+        t0 = time.perf_counter()
+        if cfg.correction.bypass:
+            old_logp = r.rollout_logp
+        else:
+            with torch.no_grad():
+                old_logp = logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, params,
+                                    micro_batch=cfg.micro_batch)  # fmt: skip
+        t["time_logprob"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        res = correct(cfg.correction.name, old_logp, r.rollout_logp, r.completion_mask,
+                      **_correction_options(cfg, prev_alpha))  # fmt: skip
+        t["time_correction"] = time.perf_counter() - t0
+        # 4. mu epochs of the clipped loss over micro-batches, one optimizer step per epoch
+        t0 = time.perf_counter()
+        loss_metrics = _update(cfg, model, ref, opt, r, old_logp, adv, res, params)
+        sched.step()
+        t["time_train"] = time.perf_counter() - t0
+        # 5. weight sync into the rollout copy
+        t["time_sync"] = sync_weights(model, rollout)
+        prev_alpha = res.metrics.get("alpha", torch.tensor(math.nan)).item() if "alpha" in res.metrics else None
+        row = {"step": step, "reward": rewards.mean().item(), "accuracy": sum(s[1] for s in scored) / len(scored),
+               "alpha": prev_alpha, "completion_len": r.completion_mask.sum(1).float().mean().item(),
+               **_scalars(res.metrics), **loss_metrics, **t}  # fmt: skip
+        if step % cfg.eval_every == 0 or step == cfg.max_steps:
+            row["eval_accuracy"] = evaluate(model, tok, task, encode, held, params)
+        with metrics_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        log(_line(row, cfg.max_steps))
+        if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
+            save_checkpoint(out, step, model, opt, {"prev_alpha": prev_alpha})
+    from aisrl.report import write_report
+
+    return write_report(out)
+
+
+def _update(cfg, model, ref, opt, r, old_logp, adv, res, params) -> dict:
+    n = r.completion_ids.shape[0]
+    mask = res.mask
+    totals = {"tok": mask.sum().clamp(min=1), "seq": mask.any(1).sum().clamp(min=1)}
+    acc: dict[str, float] = {}
+    for _ in range(cfg.epochs):
+        opt.zero_grad()
+        for s in range(0, n, cfg.micro_batch):
+            sl = slice(s, s + cfg.micro_batch)
+            logp = logprobs(model, r.prompt_ids[sl], r.prompt_mask[sl], r.completion_ids[sl], r.completion_mask[sl],
+                            params, micro_batch=cfg.micro_batch)  # fmt: skip
+            ref_logp = None
+            if ref is not None:
+                with torch.no_grad():
+                    ref_logp = logprobs(ref, r.prompt_ids[sl], r.prompt_mask[sl], r.completion_ids[sl],
+                                        r.completion_mask[sl], params)  # fmt: skip
+            loss, m = grpo_loss(logp, old_logp[sl], adv[sl], mask[sl], weights=res.weights[sl],
+                                clip=(cfg.clip_low, cfg.clip_high), agg=cfg.agg, ref_logp=ref_logp,
+                                kl_coef=cfg.kl_coef, horizon=cfg.rollout.max_new_tokens)  # fmt: skip
+            # micro-batch share of the batch's denominator, so accumulation equals one full-batch loss
+            share = mask[sl].sum() / totals["tok"] if cfg.agg == "token-mean" else mask[sl].any(1).sum() / totals["seq"]
+            (loss * share).backward()
+            for k, v in m.items():
+                acc[k] = acc.get(k, 0.0) + v.item() * share.item() / cfg.epochs
+        if cfg.grad_clip > 0:
+            acc["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
+        opt.step()
+    return acc
+
+
+@torch.no_grad()
+def evaluate(model, tok, task, encode, problems, params) -> float:
+    """Greedy held-out accuracy."""
+    was = model.training
+    model.eval()
+    greedy = SamplingParams(params.max_new_tokens, greedy=True)
+    r = generate(model, [encode(p) for p in problems], greedy, tokenizer=tok, pad_id=tok.pad_token_id or 0,
+                 eos_id=tok.eos_token_id)  # fmt: skip
+    texts = [tok.decode(r.completion_ids[i][r.completion_mask[i]].tolist()) for i in range(len(problems))]
+    model.train(was)
+    return sum(task.reward(x, p)[1] for x, p in zip(texts, problems, strict=True)) / len(problems)
+
+
+def _line(row: dict, max_steps: int) -> str:
+    alpha = f" alpha {row['alpha']:.2f}" if row.get("alpha") is not None else ""
+    ev = f" eval {row['eval_accuracy']:.2f}" if "eval_accuracy" in row else ""
+    return (f"step {row['step']}/{max_steps} reward {row['reward']:.3f} acc {row['accuracy']:.2f}{alpha} "
+            f"k3 {row['k3_kl']:.4f} ess {row['ess']:.2f}{ev} "
+            f"({row['time_rollout']:.1f}s rollout, {row['time_train']:.1f}s train)")  # fmt: skip

@@ -1,0 +1,72 @@
+"""Reward functions on hand-made completions; splits; generators produce solvable problems."""
+
+import json
+
+import pytest
+
+from aisrl.tasks import Arithmetic, Countdown, JsonlMath, Problem, Sudoku4, extract_answer, make_task
+
+
+def wrap(answer, reasoning="work"):
+    return f"<reasoning>{reasoning}</reasoning><answer>{answer}</answer>"
+
+
+def test_format_extraction():
+    assert extract_answer(wrap(" 42 ")) == "42"
+    assert extract_answer("  <reasoning>a\nb</reasoning>\n<answer>7</answer>\n") == "7"
+    for bad in ["42", "<answer>42</answer>", wrap("1") + " trailing", "<reasoning>x</reasoning>"]:
+        assert extract_answer(bad) is None, bad
+
+
+def test_arithmetic_rewards():
+    t, p = Arithmetic(), Problem("23+48", "71")
+    assert t.reward(wrap("71"), p) == (1.5, True)
+    assert t.reward(wrap("70"), p) == (0.5, False)
+    assert t.reward(wrap("1,000"), Problem("999+1", "1000")) == (1.5, True)
+    assert t.reward("71", p) == (0.0, False)  # right number, wrong format: nothing
+
+
+def test_countdown_rewards():
+    t = Countdown()
+    p = Problem("Use 3 5 7 to make 22", "(3*5)+7", meta={"numbers": [3, 5, 7], "target": 22})
+    assert t.reward(wrap("3*5+7"), p) == (1.5, True)
+    assert t.reward(wrap("7+5*3"), p) == (1.5, True)
+    assert t.reward(wrap("3*5+7+0"), p)[1] is False  # 0 is not an available number
+    assert t.reward(wrap("3*3+13"), p)[1] is False  # 3 used twice, 13 not given
+    assert t.reward(wrap("__import__('os')"), p) == (0.5, False)  # never evaluated
+    assert t.reward(wrap("22"), p)[1] is False
+
+
+def test_sudoku_rewards():
+    t = Sudoku4()
+    p = Problem("1034341223414103", "1234341223414123")
+    assert t.reward(wrap("1234341223414123"), p) == (1.5, True)
+    assert t.reward(wrap("1234 3412 2341 4123"), p)[1] is True
+    assert t.reward(wrap("2134341223414123"), p)[1] is False  # invalid grid
+    assert t.reward(wrap("3412123441232341"), Problem("1000000000000000", ""))[1] is False  # breaks a clue
+
+
+@pytest.mark.parametrize("name", ["arithmetic", "countdown", "sudoku4"])
+def test_generated_problems_are_solved_by_their_reference(name):
+    task = make_task(name)
+    train, test = task.problems("train", 40, seed=1), task.problems("test", 10, seed=1)
+    assert not {p.question for p in train} & {p.question for p in test}  # disjoint splits
+    assert task.problems("train", 40, seed=1)[0].question == train[0].question  # deterministic
+    for p in train + test:
+        assert task.reward(wrap(p.answer), p) == (1.5, True), p
+
+
+def test_jsonl_task_and_errors(tmp_path):
+    path = tmp_path / "gsm.jsonl"
+    rows = [{"question": f"What is {i} + {i}?", "answer": f"{i}+{i} = {2 * i}\n#### {2 * i}"} for i in range(40)]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    t = JsonlMath(str(path))
+    train, test = t.problems("train", 100), t.problems("test", 100)
+    assert len(train) + len(test) == 40 and not {p.question for p in train} & {p.question for p in test}
+    p = train[0]
+    assert t.reward(wrap(p.answer), p) == (1.5, True)
+    assert t.reward(wrap(str(int(p.answer) + 1)), p)[1] is False
+    with pytest.raises(FileNotFoundError, match="dataset file 'nope.jsonl' not found"):
+        JsonlMath("nope.jsonl")
+    with pytest.raises(ValueError, match="unknown task 'chess'; choose from"):
+        make_task("chess")
