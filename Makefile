@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.aisrl-installed
 
-.PHONY: setup run test lint bench
+.PHONY: setup run test estimator
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,12 +19,11 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/aisrl bench estimator
+	$(VENV)/bin/aisrl train lab
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
-bench: $(STAMP)
+estimator: $(STAMP)
 	$(VENV)/bin/aisrl bench estimator
-	$(PY) benchmarks/correction_cost.py
