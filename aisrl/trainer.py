@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import random
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from aisrl.correction import CORRECTIONS, correct
 from aisrl.losses import AGGREGATIONS, group_advantages, grpo_loss
 from aisrl.quant import quant_config, quantize_, sync_weights
 from aisrl.rollout import SamplingParams, generate, logprobs
+from aisrl.tracking import Tracker
 from aisrl.train_config import TrainConfig
 
 
@@ -74,10 +74,6 @@ def _correction_options(cfg: TrainConfig, prev_alpha):
     return opts
 
 
-def _scalars(d: dict) -> dict:
-    return {k: (v.item() if torch.is_tensor(v) else v) for k, v in d.items()}
-
-
 def train(cfg: TrainConfig, log=print) -> dict:
     """Run (or resume) GRPO; returns the summary dict."""
     validate(cfg)
@@ -111,6 +107,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
     metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     B, G = cfg.prompts_per_step, cfg.group_size
+    tracker = Tracker(out, cfg.max_steps, start, log)
     for step in range(start + 1, cfg.max_steps + 1):
         t = {}
         # 1. prompts and G rollouts each, from the low-precision copy
@@ -146,17 +143,16 @@ def train(cfg: TrainConfig, log=print) -> dict:
         t["time_train"] = time.perf_counter() - t0
         # 5. weight sync into the rollout copy
         t["time_sync"] = sync_weights(model, rollout)
-        prev_alpha = res.metrics.get("alpha", torch.tensor(math.nan)).item() if "alpha" in res.metrics else None
-        row = {"step": step, "reward": rewards.mean().item(), "accuracy": sum(s[1] for s in scored) / len(scored),
-               "alpha": prev_alpha, "completion_len": r.completion_mask.sum(1).float().mean().item(),
-               **_scalars(res.metrics), **loss_metrics, **t}  # fmt: skip
+        prev_alpha = res.metrics["alpha"].item() if "alpha" in res.metrics else None
+        row = {"step": step, "reward": rewards.mean(), "accuracy": sum(s[1] for s in scored) / len(scored),
+               "alpha": prev_alpha, "completion_len": r.completion_mask.sum(1).float().mean(),
+               **res.metrics, **loss_metrics, **t}  # fmt: skip
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             row["eval_accuracy"] = evaluate(model, tok, task, encode, held, params)
-        with metrics_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        log(_line(row, cfg.max_steps))
+        tracker.log_step(row)
         if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
             save_checkpoint(out, step, model, opt, {"prev_alpha": prev_alpha})
+    tracker.close()
     from aisrl.report import write_report
 
     return write_report(out)
@@ -203,11 +199,3 @@ def evaluate(model, tok, task, encode, problems, params) -> float:
     texts = [tok.decode(r.completion_ids[i][r.completion_mask[i]].tolist()) for i in range(len(problems))]
     model.train(was)
     return sum(task.reward(x, p)[1] for x, p in zip(texts, problems, strict=True)) / len(problems)
-
-
-def _line(row: dict, max_steps: int) -> str:
-    alpha = f" alpha {row['alpha']:.2f}" if row.get("alpha") is not None else ""
-    ev = f" eval {row['eval_accuracy']:.2f}" if "eval_accuracy" in row else ""
-    return (f"step {row['step']}/{max_steps} reward {row['reward']:.3f} acc {row['accuracy']:.2f}{alpha} "
-            f"k3 {row['k3_kl']:.4f} ess {row['ess']:.2f}{ev} "
-            f"({row['time_rollout']:.1f}s rollout, {row['time_train']:.1f}s train)")  # fmt: skip

@@ -1,5 +1,6 @@
 """The trainer end to end on a tiny lab model: smoke run, exact resume, crash-safe checkpoints, config errors."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -34,6 +35,8 @@ def test_two_step_smoke_run(tmp_path):
         assert key in r[-1], key
     assert "eval_accuracy" in r[-1] and (out / "report.png").exists() and (out / "summary.json").exists()
     assert latest_checkpoint(out) is not None
+    if importlib.util.find_spec("tensorboard"):
+        assert list((out / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def test_resume_is_exact(tmp_path):

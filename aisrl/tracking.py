@@ -1,0 +1,72 @@
+"""Where a training step's metrics go: metrics.jsonl, TensorBoard, and the terminal (rich progress bar).
+
+Rows arrive as dicts of floats and detached scalar tensors; this is the one place they become numbers
+(`.item()`) and get written. TensorBoard event files are written when the `tensorboard` package is installed;
+the rich progress bar is used when stdout is a terminal and `rich` is installed, otherwise one plain line
+per step is printed (CI logs stay readable).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+
+def as_numbers(row: dict) -> dict:
+    return {k: (v.item() if torch.is_tensor(v) else v) for k, v in row.items()}
+
+
+def step_line(row: dict, max_steps: int) -> str:
+    alpha = f" alpha {row['alpha']:.2f}" if row.get("alpha") is not None else ""
+    ev = f" eval {row['eval_accuracy']:.2f}" if "eval_accuracy" in row else ""
+    return (f"step {row['step']}/{max_steps} reward {row['reward']:.3f} acc {row['accuracy']:.2f}{alpha} "
+            f"k3 {row['k3_kl']:.4f} ess {row['ess']:.2f}{ev} "
+            f"({row['time_rollout']:.1f}s rollout, {row['time_train']:.1f}s train)")  # fmt: skip
+
+
+class Tracker:
+    def __init__(self, out: Path, max_steps: int, start: int, log=print, progress: bool | None = None):
+        self.path, self.max_steps, self.log = Path(out) / "metrics.jsonl", max_steps, log
+        self.tb = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(Path(out) / "tensorboard"), purge_step=start + 1)
+        except ImportError:
+            pass
+        self.bar = None
+        if progress if progress is not None else sys.stdout.isatty():
+            try:
+                from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+                self.bar = Progress(TextColumn("[bold]GRPO"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                                    TimeRemainingColumn(), TextColumn("{task.description}"))  # fmt: skip
+                self.bar.start()
+                self.task = self.bar.add_task("", total=max_steps, completed=start)
+            except ImportError:
+                self.bar = None
+
+    def log_step(self, row: dict) -> dict:
+        row = as_numbers(row)
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and k != "step" and v is not None:
+                    self.tb.add_scalar(k, v, row["step"])
+        if self.bar is not None:
+            alpha = f" alpha {row['alpha']:.2f}" if row.get("alpha") is not None else ""
+            desc = f"reward {row['reward']:.3f} acc {row['accuracy']:.2f}{alpha} kl {row['k3_kl']:.4f}"
+            self.bar.update(self.task, completed=row["step"], description=desc)
+        else:
+            self.log(step_line(row, self.max_steps))
+        return row
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.bar is not None:
+            self.bar.stop()
