@@ -222,12 +222,12 @@ def quantize_(model: nn.Module, cfg: QuantConfig) -> nn.Module:
 
 
 @torch.no_grad()
-def sync_weights(trainer: nn.Module, rollout: nn.Module) -> float:
-    """Copy the trainer's current weights into the rollout copy, re-quantising quantised layers.
-
-    Returns the seconds it took (the "weight sync" cost of every RL step)."""
+def sync_weights(trainer: nn.Module | dict[str, torch.Tensor], rollout: nn.Module) -> float:
+    """Copy the trainer's current weights (a module, or a {name: tensor} state such as LoRA-merged weights)
+    into the rollout copy, re-quantising quantised layers. Returns the seconds it took (the "weight
+    sync" cost of every RL step)."""
     t0 = time.perf_counter()
-    src = dict(trainer.named_parameters()) | dict(trainer.named_buffers())
+    src = trainer if isinstance(trainer, dict) else dict(trainer.named_parameters()) | dict(trainer.named_buffers())
     for name, mod in rollout.named_modules():
         if isinstance(mod, FakeQuantLinear):
             key = f"{name}.weight"

@@ -50,6 +50,20 @@ class CorrectionConfig:
 
 
 @dataclass
+class LoraSettings:
+    r: int = 0
+    """LoRA rank (0 = full fine-tuning)."""
+    alpha: float = 16.0
+    """LoRA scaling numerator (the update is alpha / r * B A)."""
+    targets: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Names of the linear layers that get adapters."""
+    dropout: float = 0.0
+    """LoRA dropout."""
+
+
+@dataclass
 class TrainConfig:
     seed: int = 0
     """Seed of prompts, sampling and initialisation."""
@@ -95,6 +109,7 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     lab: LabConfig = field(default_factory=LabConfig)
+    lora: LoraSettings = field(default_factory=LoraSettings)
 
 
 def _flatten(d: dict, prefix: str = "") -> list[str]:

@@ -23,6 +23,7 @@ import torch
 
 from aisrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from aisrl.correction import CORRECTIONS, correct
+from aisrl.lora import apply_lora, merged_state
 from aisrl.losses import AGGREGATIONS, group_advantages, grpo_loss
 from aisrl.quant import quant_config, quantize_, sync_weights
 from aisrl.rollout import SamplingParams, generate, logprobs
@@ -87,7 +88,10 @@ def train(cfg: TrainConfig, log=print) -> dict:
         quantize_(rollout, quant_config(cfg.rollout.quant))
     kv_fp8 = getattr(getattr(rollout, "quant_config", None), "kv_cache", False)
     ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    if cfg.lora.r > 0:
+        model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.targets, cfg.lora.dropout)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
     params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
     pool = task.problems("train", cfg.train_problems, seed=cfg.seed)
@@ -99,7 +103,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         state = load_checkpoint(ckpt, model, opt)
         start, prev_alpha = state["step"], state["extra"].get("prev_alpha")
         sched.last_epoch = start - 1
-        sync_weights(model, rollout)
+        sync_weights(merged_state(model), rollout)
         log(f"resumed from {ckpt} at step {start}")
     metrics_path = out / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
@@ -142,7 +146,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         sched.step()
         t["time_train"] = time.perf_counter() - t0
         # 5. weight sync into the rollout copy
-        t["time_sync"] = sync_weights(model, rollout)
+        t["time_sync"] = sync_weights(merged_state(model), rollout)
         prev_alpha = res.metrics["alpha"].item() if "alpha" in res.metrics else None
         row = {"step": step, "reward": rewards.mean(), "accuracy": sum(s[1] for s in scored) / len(scored),
                "alpha": prev_alpha, "completion_len": r.completion_mask.sum(1).float().mean(),
@@ -183,7 +187,8 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, params) -> dict:
             for k, v in m.items():
                 acc[k] = acc.get(k, 0.0) + v.item() * share.item() / cfg.epochs
         if cfg.grad_clip > 0:
-            acc["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
+            params_ = [p for p in model.parameters() if p.requires_grad]
+            acc["grad_norm"] = torch.nn.utils.clip_grad_norm_(params_, cfg.grad_clip).item()
         opt.step()
     return acc
 

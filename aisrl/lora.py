@@ -1,0 +1,43 @@
+"""LoRA (peft) for the trainer, and the merged weights that the rollout copy must receive.
+
+The rollout copy is a plain model: every step it gets W + (alpha / r) B A for each adapted layer, under the
+plain model's parameter names (peft's `.base_layer` and `lora_*` bookkeeping stripped). peft is imported
+lazily, so full fine-tuning needs only torch and transformers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def apply_lora(model, r: int, alpha: float, targets: list[str], dropout: float = 0.0):
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:
+        raise ImportError("lora.r > 0 needs peft: pip install peft") from e
+    return get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=dropout))
+
+
+def is_peft(model) -> bool:
+    return hasattr(model, "get_base_model") and hasattr(model, "peft_config")
+
+
+@torch.no_grad()
+def merged_state(model) -> dict[str, torch.Tensor]:
+    """{plain parameter name: tensor} with LoRA deltas merged in (the model's own tensors if not peft)."""
+    if not is_peft(model):
+        return dict(model.named_parameters()) | dict(model.named_buffers())
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    out = {}
+    for name, mod in base.named_modules():
+        if isinstance(mod, LoraLayer):
+            w = mod.base_layer.weight
+            for adapter in mod.active_adapters:
+                w = w + mod.get_delta_weight(adapter)
+            out[f"{name}.weight"] = w
+    for name, t in list(base.named_parameters()) + list(base.named_buffers()):
+        if "lora_" not in name:
+            out.setdefault(name.replace(".base_layer", ""), t)
+    return out

@@ -1,0 +1,60 @@
+"""LoRA: merged weights equal peft's own merge; a LoRA run trains adapters only; the rollout copy follows."""
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("peft")
+
+from aisrl.lora import apply_lora, merged_state  # noqa: E402
+from aisrl.models import tiny_model  # noqa: E402
+from aisrl.quant import quant_config, quantize_, sync_weights  # noqa: E402
+
+
+def test_merged_state_equals_peft_merge_and_rollout_follows():
+    plain = tiny_model(seed=0)
+    rollout = quantize_(copy.deepcopy(plain), quant_config("bf16"))
+    model = apply_lora(plain, r=4, alpha=8, targets=["q_proj", "v_proj", "down_proj"])
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)  # B starts at 0: make the delta real
+    merged = merged_state(model)
+    reference = copy.deepcopy(model).merge_and_unload()
+    ref_state = dict(reference.named_parameters())
+    assert set(merged) >= set(ref_state)
+    for name, t in ref_state.items():
+        torch.testing.assert_close(merged[name], t, msg=name)
+    sync_weights(merged, rollout)
+    ids = torch.tensor([[1, 5, 9, 12]])
+    with torch.no_grad():
+        torch.testing.assert_close(rollout(ids).logits, reference(ids).logits, atol=0.05, rtol=0.05)  # bf16 copy
+
+
+def test_lora_training_moves_adapters_only(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from aisrl.checkpoint import latest_checkpoint
+    from aisrl.lab import LabConfig, lab_model
+    from aisrl.train_config import load_config
+    from aisrl.trainer import train
+
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
+    # an untrained policy never hits the format, so every reward (and advantage) would be 0: give it signal
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    tiny = ["lab.hidden=32", "lab.layers=1", "lab.sft_max_steps=0", "prompts_per_step=4", "group_size=4",
+            "rollout.max_new_tokens=8", "eval_problems=8", "train_problems=64", "lr=0.01"]  # fmt: skip
+    out = tmp_path / "run"
+    train(load_config("lab", [*tiny, "max_steps=2", "lora.r=4", f"output_dir={out}"]), log=lambda _: None)
+    state = load_file(latest_checkpoint(out) / "model.safetensors")
+    base, _, _ = lab_model(LabConfig(hidden=32, layers=1, sft_max_steps=0), verbose=False)
+    before = dict(base.named_parameters())
+    lora_b = [k for k in state if "lora_B" in k]
+    assert lora_b and any(state[k].abs().max() > 0 for k in lora_b)  # adapters trained
+    for k, v in state.items():
+        if "lora_" in k:
+            continue
+        plain = k.replace("base_model.model.", "", 1).replace(".base_layer", "")
+        torch.testing.assert_close(v, before[plain].detach(), msg=plain)  # base weights frozen
