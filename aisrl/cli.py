@@ -37,8 +37,9 @@ def _train(args) -> int:
     if preset and "=" in preset:  # `aisrl train key=value ...` without a preset
         preset, overrides = None, [preset, *overrides]
     cfg = load_config(preset or "lab", overrides)
-    summary = train(cfg)
-    s = summary
+    s = train(cfg)
+    if not s:  # a non-zero rank under torchrun: rank 0 reports
+        return 0
     print(f"reward: first fifth {s['reward_first_fifth']:.3f} -> last fifth {s['reward_last_fifth']:.3f}; "
           f"held-out greedy accuracy {s['eval_accuracy']}")  # fmt: skip
     print(f"report: {s['report']}  metrics: {cfg.output_dir}/metrics.jsonl  summary: {cfg.output_dir}/summary.json")

@@ -23,6 +23,7 @@ import torch
 
 from aisrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from aisrl.correction import CORRECTIONS, correct
+from aisrl.dist import all_sum, world_size
 from aisrl.lora import apply_lora, merged_state
 from aisrl.losses import AGGREGATIONS, group_advantages, grpo_loss
 from aisrl.quant import quant_config, quantize_, sync_weights
@@ -75,9 +76,24 @@ def _correction_options(cfg: TrainConfig, prev_alpha):
     return opts
 
 
+def _init_distributed() -> tuple[int, int]:
+    """(rank, world) - joins the torchrun process group (gloo on CPU) when launched by torchrun."""
+    import os
+
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
 def train(cfg: TrainConfig, log=print) -> dict:
-    """Run (or resume) GRPO; returns the summary dict."""
+    """Run (or resume) GRPO; returns the summary dict. Under torchrun: data parallel over prompts."""
     validate(cfg)
+    rank, world = _init_distributed()
+    if cfg.prompts_per_step % world:
+        raise ValueError(f"prompts_per_step ({cfg.prompts_per_step}) must divide evenly over {world} processes")
+    log = log if rank == 0 else (lambda _: None)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
@@ -108,16 +124,19 @@ def train(cfg: TrainConfig, log=print) -> dict:
     metrics_path = out / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
     rows = [r for r in rows if r["step"] <= start]  # drop rows of steps after the checkpoint
-    metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if rank == 0:
+        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     B, G = cfg.prompts_per_step, cfg.group_size
-    tracker = Tracker(out, cfg.max_steps, start, log)
+    tracker = Tracker(out, cfg.max_steps, start, log) if rank == 0 else None
     for step in range(start + 1, cfg.max_steps + 1):
         t = {}
         # 1. prompts and G rollouts each, from the low-precision copy
         rng = random.Random(cfg.seed * 1_000_003 + step)
         problems = [p for p in rng.sample(pool, min(B, len(pool))) for _ in range(G)]
         seeds = [(cfg.seed * 1_000_003 + step) * 4096 + i for i in range(len(problems))]
+        shard = slice(rank * len(problems) // world, (rank + 1) * len(problems) // world)  # whole groups per rank
+        problems, seeds = problems[shard], seeds[shard]
         t0 = time.perf_counter()
         r = generate(rollout, [encode(p) for p in problems], params, seeds=seeds, tokenizer=tok,
                      pad_id=tok.pad_token_id or 0, eos_id=tok.eos_token_id, kv_cache_fp8=kv_fp8)  # fmt: skip
@@ -127,6 +146,11 @@ def train(cfg: TrainConfig, log=print) -> dict:
         scored = [task.reward(x, p) for x, p in zip(texts, problems, strict=True)]
         rewards = torch.tensor([s[0] for s in scored])
         adv = group_advantages(rewards, G)
+        reward_sum, n_correct, n_samples = all_sum(
+            rewards.sum().double(),
+            torch.tensor(sum(s[1] for s in scored), dtype=torch.float64),
+            torch.tensor(len(scored), dtype=torch.float64),
+        )
         # 3. old_logp at training precision (or bypass), then the correction
         t0 = time.perf_counter()
         if cfg.correction.bypass:
@@ -148,14 +172,16 @@ def train(cfg: TrainConfig, log=print) -> dict:
         # 5. weight sync into the rollout copy
         t["time_sync"] = sync_weights(merged_state(model), rollout)
         prev_alpha = res.metrics["alpha"].item() if "alpha" in res.metrics else None
-        row = {"step": step, "reward": rewards.mean(), "accuracy": sum(s[1] for s in scored) / len(scored),
-               "alpha": prev_alpha, "completion_len": r.completion_mask.sum(1).float().mean(),
-               **res.metrics, **loss_metrics, **t}  # fmt: skip
+        row = {"step": step, "reward": reward_sum / n_samples, "accuracy": n_correct / n_samples,
+               "alpha": prev_alpha, **res.metrics, **loss_metrics, **t}  # fmt: skip
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             row["eval_accuracy"] = evaluate(model, tok, task, encode, held, params)
-        tracker.log_step(row)
-        if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
-            save_checkpoint(out, step, model, opt, {"prev_alpha": prev_alpha})
+        if rank == 0:
+            tracker.log_step(row)
+            if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
+                save_checkpoint(out, step, model, opt, {"prev_alpha": prev_alpha})
+    if rank != 0:
+        return {}
     tracker.close()
     from aisrl.report import write_report
 
@@ -165,7 +191,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
 def _update(cfg, model, ref, opt, r, old_logp, adv, res, params) -> dict:
     n = r.completion_ids.shape[0]
     mask = res.mask
-    totals = {"tok": mask.sum().clamp(min=1), "seq": mask.any(1).sum().clamp(min=1)}
+    tok_total, seq_total = all_sum(mask.sum().double(), mask.any(1).sum().double())  # global denominators
+    totals = {"tok": tok_total.clamp(min=1), "seq": seq_total.clamp(min=1)}
     acc: dict[str, float] = {}
     for _ in range(cfg.epochs):
         opt.zero_grad()
@@ -182,10 +209,16 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, params) -> dict:
                                 clip=(cfg.clip_low, cfg.clip_high), agg=cfg.agg, ref_logp=ref_logp,
                                 kl_coef=cfg.kl_coef, horizon=cfg.rollout.max_new_tokens)  # fmt: skip
             # micro-batch share of the batch's denominator, so accumulation equals one full-batch loss
-            share = mask[sl].sum() / totals["tok"] if cfg.agg == "token-mean" else mask[sl].any(1).sum() / totals["seq"]
+            (mb_tok, mb_seq) = all_sum(mask[sl].sum().double(), mask[sl].any(1).sum().double())
+            share = (mb_tok / totals["tok"] if cfg.agg == "token-mean" else mb_seq / totals["seq"]).float()
             (loss * share).backward()
             for k, v in m.items():
                 acc[k] = acc.get(k, 0.0) + v.item() * share.item() / cfg.epochs
+        if world_size() > 1:  # data parallel: average gradients over ranks (what DDP does)
+            for p in model.parameters():
+                if p.grad is not None:
+                    torch.distributed.all_reduce(p.grad)
+                    p.grad /= world_size()
         if cfg.grad_clip > 0:
             params_ = [p for p in model.parameters() if p.requires_grad]
             acc["grad_norm"] = torch.nn.utils.clip_grad_norm_(params_, cfg.grad_clip).item()

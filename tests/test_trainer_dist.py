@@ -1,0 +1,46 @@
+"""`aisrl train` under torchrun (2 gloo processes) gives the per-step metrics of a single process."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+TINY = ["lab.hidden=32", "lab.layers=1", "lab.sft_max_steps=0", "prompts_per_step=4", "group_size=4",
+        "rollout.max_new_tokens=8", "eval_problems=8", "train_problems=64", "max_steps=2", "micro_batch=4"]  # fmt: skip
+TIMES = ("time_rollout", "time_logprob", "time_correction", "time_train", "time_sync")
+
+
+def _run(cmd, env):
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        _, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert proc.returncode == 0, err[-3000:]
+
+
+@pytest.mark.slow
+def test_torchrun_matches_single_process(tmp_path):
+    env = {**os.environ, "AISRL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    # give the untrained policy a reward signal that varies with the completion (see test_lora.py)
+    boot = ("import sys, aisrl.tasks as t; t.Arithmetic.reward = lambda self, x, p: (float(len(x) % 3), False); "
+            "from aisrl.cli import main; sys.exit(main(sys.argv[1:]))")  # fmt: skip
+    script = tmp_path / "boot.py"
+    script.write_text(boot)
+    _run([sys.executable, str(script), "train", "lab", *TINY, f"output_dir={tmp_path / 'one'}"], env)
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), "train",
+          "lab", *TINY, f"output_dir={tmp_path / 'two'}"], env)  # fmt: skip
+    one = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    two = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in two] == [1, 2]
+    assert one[0]["reward"] != one[1]["reward"] or one[0]["k3_kl"] != one[1]["k3_kl"]  # the steps differ
+    for a, b in zip(one, two, strict=True):
+        for k, v in a.items():
+            if k in TIMES or v is None:
+                continue
+            assert b[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
