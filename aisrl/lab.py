@@ -92,13 +92,11 @@ def _cache_dir(cfg: LabConfig) -> Path:
 
 
 def greedy_accuracy(model, tok: CharTokenizer, problems: list[Problem], task, max_new_tokens: int = 40) -> float:
-    from aisrl.rollout import SamplingParams, generate
+    from aisrl.rollout import SamplingParams
+    from aisrl.trainer import evaluate
 
-    prompts = [[tok.bos_token_id] + tok.encode(prompt_text(p)) for p in problems]
-    r = generate(model, prompts, SamplingParams(max_new_tokens=max_new_tokens, greedy=True),
-                 pad_id=tok.pad_token_id, eos_id=tok.eos_token_id)  # fmt: skip
-    texts = [tok.decode(r.completion_ids[i][r.completion_mask[i]].tolist()) for i in range(len(problems))]
-    return sum(task.reward(t, p)[1] for t, p in zip(texts, problems, strict=True)) / len(problems)
+    encode = lambda p: [tok.bos_token_id] + tok.encode(prompt_text(p))  # noqa: E731
+    return evaluate(model, tok, task, encode, problems, SamplingParams(max_new_tokens))
 
 
 def lab_model(cfg: LabConfig | None = None, verbose: bool = True):

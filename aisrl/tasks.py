@@ -50,9 +50,13 @@ def _split_of(text: str) -> str:
 
 
 class Task:
-    """A task: `problems(split, n, seed)` and `check(answer, problem) -> bool`."""
+    """A task: `problems(split, n, seed)` and `check(answer, problem) -> bool`.
+
+    `lenient = True` also credits a completion without the answer format whose last number is a correct
+    answer (correctness points only): the one setting where a small instruct model has signal."""
 
     name = "task"
+    lenient = False
 
     def generate(self, rng: random.Random) -> Problem:
         raise NotImplementedError
@@ -79,7 +83,9 @@ class Task:
         """(format + correctness reward, correct?)."""
         answer = extract_answer(completion)
         if answer is None:
-            return 0.0, False
+            numbers = re.findall(r"-?\d+(?:\.\d+)?", completion.replace(",", "")) if self.lenient else []
+            correct = bool(numbers) and self.check(numbers[-1], problem)
+            return (CORRECT_POINTS if correct else 0.0), correct
         correct = self.check(answer, problem)
         return FORMAT_POINTS + (CORRECT_POINTS if correct else 0.0), correct
 
@@ -241,7 +247,9 @@ class JsonlMath(Task):
 TASKS = {"arithmetic": Arithmetic, "countdown": Countdown, "sudoku4": Sudoku4, "jsonl": JsonlMath}
 
 
-def make_task(name: str, **kwargs) -> Task:
+def make_task(name: str, lenient: bool = False, **kwargs) -> Task:
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose from {sorted(TASKS)}")
-    return TASKS[name](**kwargs)
+    task = TASKS[name](**kwargs)
+    task.lenient = lenient
+    return task

@@ -75,6 +75,8 @@ class TrainConfig:
     """Task name (aisrl.tasks.TASKS); the lab model's task comes from lab.task."""
     dataset: str = ""
     """JSONL file for task=jsonl."""
+    lenient_reward: bool = False
+    """Also credit a correct final number without the answer format (correctness points only)."""
     train_problems: int = 500
     """Size of the training prompt pool (drawn from the task's train split)."""
     prompts_per_step: int = 16

@@ -34,6 +34,7 @@ def test_merged_state_equals_peft_merge_and_rollout_follows():
 
 
 def test_lora_training_moves_adapters_only(tmp_path, monkeypatch):
+    from conftest import TINY_LAB
     from safetensors.torch import load_file
 
     from aisrl.checkpoint import latest_checkpoint
@@ -44,8 +45,7 @@ def test_lora_training_moves_adapters_only(tmp_path, monkeypatch):
     monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
     # an untrained policy never hits the format, so every reward (and advantage) would be 0: give it signal
     monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
-    tiny = ["lab.hidden=32", "lab.layers=1", "lab.sft_max_steps=0", "prompts_per_step=4", "group_size=4",
-            "rollout.max_new_tokens=8", "eval_problems=8", "train_problems=64", "lr=0.01"]  # fmt: skip
+    tiny = [*TINY_LAB, "lr=0.01"]
     out = tmp_path / "run"
     train(load_config("lab", [*tiny, "max_steps=2", "lora.r=4", f"output_dir={out}"]), log=lambda _: None)
     state = load_file(latest_checkpoint(out) / "model.safetensors")

@@ -70,3 +70,15 @@ def test_jsonl_task_and_errors(tmp_path):
         JsonlMath("nope.jsonl")
     with pytest.raises(ValueError, match="unknown task 'chess'; choose from"):
         make_task("chess")
+
+
+def test_lenient_reward_credits_a_correct_final_number():
+    from aisrl.tasks import make_task
+
+    strict, lenient = make_task("arithmetic"), make_task("arithmetic", lenient=True)
+    p = Problem("12+7", "19")
+    text = "Let me add: 12 plus 7 gives 19."
+    assert strict.reward(text, p) == (0.0, False)
+    assert lenient.reward(text, p) == (1.0, True)  # correctness points, no format points
+    assert lenient.reward("12+7 is 18", p) == (0.0, False)
+    assert lenient.reward(wrap("19"), p) == (1.5, True)  # the format still earns its points

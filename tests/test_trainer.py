@@ -7,14 +7,14 @@ import sys
 
 import pytest
 import torch
+from conftest import TINY_LAB
 
 from aisrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from aisrl.cli import main
 from aisrl.train_config import load_config
 from aisrl.trainer import train
 
-TINY = ["lab.hidden=32", "lab.layers=1", "lab.sft_max_steps=0", "prompts_per_step=4", "group_size=4",
-        "rollout.max_new_tokens=8", "eval_problems=8", "train_problems=64", "eval_every=2"]  # fmt: skip
+TINY = [*TINY_LAB, "eval_every=2"]
 
 
 @pytest.fixture(autouse=True)

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import TINY_LAB
 
-TINY = ["lab.hidden=32", "lab.layers=1", "lab.sft_max_steps=0", "prompts_per_step=4", "group_size=4",
-        "rollout.max_new_tokens=8", "eval_problems=8", "train_problems=64", "max_steps=2", "micro_batch=4"]  # fmt: skip
+TINY = [*TINY_LAB, "max_steps=2", "micro_batch=4"]
 TIMES = ("time_rollout", "time_logprob", "time_correction", "time_train", "time_sync")
 
 
