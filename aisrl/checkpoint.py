@@ -17,6 +17,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _dir(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
@@ -32,11 +40,15 @@ def save_checkpoint(output_dir, step: int, model, optimizer, extra: dict, keep: 
     save_file(state, tmp / "model.safetensors")
     rng = {"torch": torch.get_rng_state()}
     torch.save({"optimizer": optimizer.state_dict(), "step": step, "rng": rng, "extra": extra}, tmp / "state.pt")
+    for f in (tmp / "model.safetensors", tmp / "state.pt", tmp):
+        _fsync(f)  # on disk before anything points at it
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     pointer = root / "latest.tmp"
     pointer.write_text(final.name)
+    _fsync(pointer)
     os.replace(pointer, root / "latest")
+    _fsync(root)
     for old in sorted(p for p in root.glob("step_*") if p != final)[: -max(keep - 1, 0) or None]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -47,7 +59,10 @@ def latest_checkpoint(output_dir) -> Path | None:
     if not pointer.exists():
         return None
     path = _dir(output_dir) / pointer.read_text().strip()
-    return path if (path / "state.pt").exists() else None
+    if not (path / "state.pt").exists() or not (path / "model.safetensors").exists():
+        raise FileNotFoundError(f"{pointer} names {path.name}, which is incomplete or missing; restore it or delete "
+                                f"{pointer} to start over")  # fmt: skip
+    return path
 
 
 def load_checkpoint(path: Path, model, optimizer) -> dict:

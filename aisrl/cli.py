@@ -51,14 +51,27 @@ def _eval(args) -> int:
     from aisrl.train_config import load_config
     from aisrl.trainer import build, evaluate
 
-    cfg = load_config(args.preset or "lab", list(args.overrides))
-    model, tok, task, encode = build(cfg)
+    preset, overrides = args.preset, list(args.overrides)
+    if preset and "=" in preset:  # `aisrl eval key=value ...` without a preset
+        preset, overrides = None, [preset, *overrides]
+    cfg = load_config(preset or "lab", overrides)
     ckpt = latest_checkpoint(cfg.output_dir)
     if ckpt is None:
         raise ValueError(f"no checkpoint in {cfg.output_dir!r}; train first or pass output_dir=...")
+    model, tok, task, encode = build(cfg)
+    if cfg.lora.r > 0:
+        from aisrl.lora import apply_lora
+
+        model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.targets)
     from safetensors.torch import load_file
 
-    model.load_state_dict(load_file(ckpt / "model.safetensors"))
+    try:
+        model.load_state_dict(load_file(ckpt / "model.safetensors"))
+    except RuntimeError as e:
+        raise ValueError(
+            f"{ckpt} does not fit this model; pass the model.* and lora.* settings used for training "
+            f"({str(e).splitlines()[0]})"
+        ) from e
     from aisrl.rollout import SamplingParams
 
     held = task.problems("test", cfg.eval_problems, seed=cfg.seed + 1)

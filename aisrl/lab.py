@@ -47,7 +47,8 @@ class CharTokenizer:
             i += len(tok)
         return ids
 
-    def decode(self, ids) -> str:
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """Text of the ids; pad/bos/eos are always dropped (the tags are text, not special tokens)."""
         return "".join(self.vocab[i] for i in ids if i > 2)
 
 

@@ -42,7 +42,9 @@ class Problem:
 def extract_answer(completion: str) -> str | None:
     """The text of the answer block if the completion has the required format, else None."""
     m = FORMAT_RE.match(completion)
-    return m.group(2).strip() if m else None
+    if not m or any(tag in m.group(1) + m.group(2) for tag in ("<reasoning>", "<answer>", "</answer>")):
+        return None  # exactly one reasoning block and one answer block
+    return m.group(2).strip()
 
 
 def _split_of(text: str) -> str:
@@ -117,10 +119,16 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, as
 
 
 def _safe_eval(expr: str) -> tuple[float, list[int]] | None:
-    """Evaluate an arithmetic expression of integers with + - * / and parentheses; (value, numbers used)."""
+    """Evaluate an arithmetic expression of integers with + - * / and parentheses; (value, numbers used).
+
+    Model output is untrusted: long expressions and huge literals are refused before parsing, and any
+    arithmetic failure (division by zero, overflow, recursion depth) counts as a wrong answer."""
+    expr = expr.strip()
+    if len(expr) > 200 or re.search(r"\d{10,}", expr):
+        return None
     try:
-        tree = ast.parse(expr.strip(), mode="eval")
-    except SyntaxError:
+        tree = ast.parse(expr, mode="eval")
+    except (SyntaxError, RecursionError, MemoryError):
         return None
     used: list[int] = []
 
@@ -136,7 +144,7 @@ def _safe_eval(expr: str) -> tuple[float, list[int]] | None:
 
     try:
         return ev(tree), used
-    except (ValueError, ZeroDivisionError):
+    except (ValueError, ZeroDivisionError, OverflowError, RecursionError):
         return None
 
 

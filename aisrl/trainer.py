@@ -56,6 +56,12 @@ def build(cfg: TrainConfig):
     return model, tok, task, encode
 
 
+def completion_texts(tok, r) -> list[str]:
+    """Decoded completions without special tokens (the EOS that ends a completion is not part of the answer)."""
+    return [tok.decode(r.completion_ids[i][r.completion_mask[i]].tolist(), skip_special_tokens=True)
+            for i in range(r.completion_ids.shape[0])]  # fmt: skip
+
+
 def validate(cfg: TrainConfig) -> None:
     if cfg.correction.name not in CORRECTIONS:
         raise ValueError(f"unknown correction {cfg.correction.name!r}; choose from {sorted(CORRECTIONS)}")
@@ -65,6 +71,10 @@ def validate(cfg: TrainConfig) -> None:
         quant_config(cfg.rollout.quant)  # raises with the list of presets
     if cfg.group_size < 2:
         raise ValueError("group_size must be >= 2 (GRPO advantages compare completions of one prompt)")
+    for key in ("max_steps", "prompts_per_step", "micro_batch", "epochs", "eval_every", "checkpoint_every",
+                "eval_problems", "train_problems"):  # fmt: skip
+        if getattr(cfg, key) < 1:
+            raise ValueError(f"config key {key!r} must be >= 1, got {getattr(cfg, key)}")
 
 
 def _correction_options(cfg: TrainConfig, prev_alpha):
@@ -83,7 +93,7 @@ def _init_distributed() -> tuple[int, int]:
     import torch.distributed as dist
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("gloo")  # the trainer keeps tensors on the CPU
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
@@ -96,8 +106,12 @@ def train(cfg: TrainConfig, log=print) -> dict:
     log = log if rank == 0 else (lambda _: None)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
+    if world > 1 and cfg.model.name == "lab":  # rank 0 builds the cached lab model, the others then load it
+        if rank == 0:
+            build(cfg)
+        torch.distributed.barrier()
     model, tok, task, encode = build(cfg)
+    torch.manual_seed(cfg.seed)  # after build: the same state whether or not the lab model came from the cache
     model.train()
     rollout = copy.deepcopy(model).eval()
     if cfg.rollout.quant != "none":
@@ -112,19 +126,22 @@ def train(cfg: TrainConfig, log=print) -> dict:
     params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
     pool = task.problems("train", cfg.train_problems, seed=cfg.seed)
     held = task.problems("test", cfg.eval_problems, seed=cfg.seed + 1)
+    if len(pool) < cfg.prompts_per_step or not held:
+        raise ValueError(f"the task gives {len(pool)} training and {len(held)} held-out problems; need at least "
+                         f"prompts_per_step={cfg.prompts_per_step} and one held-out problem")  # fmt: skip
 
     start, prev_alpha = 0, None
     ckpt = latest_checkpoint(out)
     if ckpt is not None:
         state = load_checkpoint(ckpt, model, opt)
         start, prev_alpha = state["step"], state["extra"].get("prev_alpha")
-        sched.last_epoch = start - 1
+        sched.last_epoch = start  # the optimizer's restored lr is already the one for step start + 1
         sync_weights(merged_state(model), rollout)
         log(f"resumed from {ckpt} at step {start}")
     metrics_path = out / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
-    rows = [r for r in rows if r["step"] <= start]  # drop rows of steps after the checkpoint
     if rank == 0:
+        rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+        rows = [r for r in rows if r["step"] <= start]  # drop rows of steps after the checkpoint
         metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     B, G = cfg.prompts_per_step, cfg.group_size
@@ -142,8 +159,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
                      pad_id=tok.pad_token_id or 0, eos_id=tok.eos_token_id, kv_cache_fp8=kv_fp8)  # fmt: skip
         t["time_rollout"] = time.perf_counter() - t0
         # 2. rewards and group advantages
-        texts = [tok.decode(r.completion_ids[i][r.completion_mask[i]].tolist()) for i in range(len(problems))]
-        scored = [task.reward(x, p) for x, p in zip(texts, problems, strict=True)]
+        scored = [task.reward(x, p) for x, p in zip(completion_texts(tok, r), problems, strict=True)]
         rewards = torch.tensor([s[0] for s in scored])
         adv = group_advantages(rewards, G)
         reward_sum, n_correct, n_samples = all_sum(
@@ -156,9 +172,11 @@ def train(cfg: TrainConfig, log=print) -> dict:
         if cfg.correction.bypass:
             old_logp = r.rollout_logp
         else:
+            model.eval()  # no dropout noise in old_logp, hence in the ratios and the correction weights
             with torch.no_grad():
                 old_logp = logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, params,
                                     micro_batch=cfg.micro_batch)  # fmt: skip
+            model.train()
         t["time_logprob"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         res = correct(cfg.correction.name, old_logp, r.rollout_logp, r.completion_mask,
@@ -234,6 +252,5 @@ def evaluate(model, tok, task, encode, problems, params) -> float:
     greedy = SamplingParams(params.max_new_tokens, greedy=True)
     r = generate(model, [encode(p) for p in problems], greedy, tokenizer=tok, pad_id=tok.pad_token_id or 0,
                  eos_id=tok.eos_token_id)  # fmt: skip
-    texts = [tok.decode(r.completion_ids[i][r.completion_mask[i]].tolist()) for i in range(len(problems))]
     model.train(was)
-    return sum(task.reward(x, p)[1] for x, p in zip(texts, problems, strict=True)) / len(problems)
+    return sum(task.reward(x, p)[1] for x, p in zip(completion_texts(tok, r), problems, strict=True)) / len(problems)

@@ -82,3 +82,14 @@ def test_lenient_reward_credits_a_correct_final_number():
     assert lenient.reward(text, p) == (1.0, True)  # correctness points, no format points
     assert lenient.reward("12+7 is 18", p) == (0.0, False)
     assert lenient.reward(wrap("19"), p) == (1.5, True)  # the format still earns its points
+
+
+def test_countdown_survives_hostile_answers():
+    t = Countdown()
+    p = Problem("Use 3 5 7 to make 22", "(3*5)+7", meta={"numbers": [3, 5, 7], "target": 22})
+    for hostile in ["9" * 400 + "/1", "1+" * 2000 + "1", "(" * 500 + "1" + ")" * 500, "10**10**10", "1/0"]:
+        assert t.reward(wrap(hostile), p) == (0.5, False), hostile[:20]
+
+
+def test_repeated_blocks_are_not_the_format():
+    assert extract_answer(wrap("1") + wrap("2")) is None

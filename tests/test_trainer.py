@@ -14,7 +14,7 @@ from aisrl.cli import main
 from aisrl.train_config import load_config
 from aisrl.trainer import train
 
-TINY = [*TINY_LAB, "eval_every=2"]
+TINY = [*TINY_LAB, "eval_every=2", "warmup_steps=5"]  # warm-up spans the resume point: lr must match
 
 
 @pytest.fixture(autouse=True)
@@ -39,13 +39,17 @@ def test_two_step_smoke_run(tmp_path):
         assert list((out / "tensorboard").glob("events.out.tfevents.*"))
 
 
-def test_resume_is_exact(tmp_path):
+def test_resume_is_exact(tmp_path, monkeypatch):
+    # a reward that varies with the completion, so the policy really changes between steps (an untrained
+    # policy never hits the format: all rewards 0, no gradient, and a wrong resume would go unnoticed)
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
     a, b = tmp_path / "a", tmp_path / "b"
     train(load_config("lab", [*TINY, "max_steps=6", f"output_dir={a}", "checkpoint_every=3"]), log=lambda _: None)
     train(load_config("lab", [*TINY, "max_steps=3", f"output_dir={b}", "checkpoint_every=3"]), log=lambda _: None)
     train(load_config("lab", [*TINY, "max_steps=6", f"output_dir={b}", "checkpoint_every=3"]), log=lambda _: None)
     ra, rb = rows(a), rows(b)
     assert [x["step"] for x in rb] == [1, 2, 3, 4, 5, 6]
+    assert all(x["grad_norm"] > 0 for x in ra) and len({x["k3_kl"] for x in ra}) > 1  # it did learn
     drop = ("time_rollout", "time_logprob", "time_correction", "time_train", "time_sync")
     for x, y in zip(ra[3:], rb[3:], strict=True):
         assert {k: v for k, v in x.items() if k not in drop} == {k: v for k, v in y.items() if k not in drop}
@@ -98,3 +102,46 @@ def test_bad_config_fails_with_a_clear_message(args, message, capsys, monkeypatc
 def test_unknown_preset_lists_the_presets(capsys):
     assert main(["train", "nonexistent-preset"]) == 2
     assert "unknown preset 'nonexistent-preset'" in capsys.readouterr().err
+
+
+def test_small_pool_and_non_positive_settings_fail_clearly(capsys):
+    assert main(["train", "lab", *TINY, "train_problems=2"]) == 2
+    assert "need at least prompts_per_step=4" in capsys.readouterr().err
+    assert main(["train", "lab", *TINY, "eval_every=0"]) == 2
+    assert "config key 'eval_every' must be >= 1" in capsys.readouterr().err
+
+
+def test_broken_latest_pointer_is_an_error_not_a_restart(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    path = save_checkpoint(tmp_path, 1, model, torch.optim.AdamW(model.parameters()), {})
+    (path / "state.pt").unlink()
+    with pytest.raises(FileNotFoundError, match="incomplete or missing"):
+        latest_checkpoint(tmp_path)
+
+
+def test_completions_are_scored_without_the_eos_token():
+    from types import SimpleNamespace
+
+    from aisrl.tasks import Arithmetic, Problem
+    from aisrl.trainer import completion_texts
+
+    class HFLike:  # decodes special tokens unless asked not to, like a Hugging Face tokenizer
+        def decode(self, ids, skip_special_tokens=False):
+            text = "".join(chr(i) for i in ids if i != 0)
+            return text if skip_special_tokens else text + "<|im_end|>"
+
+    text = "<reasoning>1+1=2</reasoning><answer>2</answer>"
+    ids = torch.tensor([[ord(c) for c in text] + [0]])
+    r = SimpleNamespace(completion_ids=ids, completion_mask=torch.ones_like(ids, dtype=torch.bool))
+    (decoded,) = completion_texts(HFLike(), r)
+    assert Arithmetic().reward(decoded, Problem("1+1", "2")) == (1.5, True)
+
+
+def test_eval_cli_accepts_overrides_and_lora_checkpoints(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("peft")
+    out = tmp_path / "lora"
+    assert main(["train", "lab", *TINY, "max_steps=1", "lora.r=4", f"output_dir={out}"]) == 0
+    assert main(["eval", *TINY, "lora.r=4", f"output_dir={out}"]) == 0
+    assert "held-out greedy accuracy" in capsys.readouterr().out
+    assert main(["eval", *TINY, f"output_dir={out}"]) == 2  # without lora.r the checkpoint does not fit
+    assert "does not fit this model" in capsys.readouterr().err
