@@ -29,14 +29,20 @@ def _mismatch(args) -> int:
     return 0
 
 
-def _train(args) -> int:
+def _train_config(args):
+    """TrainConfig from `[PRESET] [key=value ...]`; a first argument containing '=' is an override, not a preset."""
     from aisrl.train_config import load_config
-    from aisrl.trainer import train
 
     preset, overrides = args.preset, list(args.overrides)
-    if preset and "=" in preset:  # `aisrl train key=value ...` without a preset
+    if preset and "=" in preset:
         preset, overrides = None, [preset, *overrides]
-    cfg = load_config(preset or "lab", overrides)
+    return load_config(preset or "lab", overrides)
+
+
+def _train(args) -> int:
+    from aisrl.trainer import train
+
+    cfg = _train_config(args)
     s = train(cfg)
     if not s:  # a non-zero rank under torchrun: rank 0 reports
         return 0
@@ -48,13 +54,9 @@ def _train(args) -> int:
 
 def _eval(args) -> int:
     from aisrl.checkpoint import latest_checkpoint
-    from aisrl.train_config import load_config
     from aisrl.trainer import build, evaluate
 
-    preset, overrides = args.preset, list(args.overrides)
-    if preset and "=" in preset:  # `aisrl eval key=value ...` without a preset
-        preset, overrides = None, [preset, *overrides]
-    cfg = load_config(preset or "lab", overrides)
+    cfg = _train_config(args)
     ckpt = latest_checkpoint(cfg.output_dir)
     if ckpt is None:
         raise ValueError(f"no checkpoint in {cfg.output_dir!r}; train first or pass output_dir=...")
