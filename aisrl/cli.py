@@ -1,4 +1,4 @@
-"""`aisrl` command line: `aisrl bench estimator`, `aisrl mismatch` (the mismatch doctor)."""
+"""`aisrl` command line: train, eval, compare (the study), mismatch (the doctor), bench estimator."""
 
 from __future__ import annotations
 
@@ -52,6 +52,24 @@ def _train(args) -> int:
     return 0
 
 
+def _compare(args) -> int:
+    """`[PRESET] [key=value ...]`: keys of CompareConfig configure the study, any other key trains every run."""
+    import dataclasses
+
+    from aisrl.compare import CompareConfig, run_study, table
+    from aisrl.config import apply_overrides
+
+    items = [args.preset, *args.overrides] if args.preset and "=" in args.preset else list(args.overrides)
+    study = {f.name for f in dataclasses.fields(CompareConfig)}
+    cfg = CompareConfig(preset=args.preset if args.preset and "=" not in args.preset else "lab")
+    apply_overrides(cfg, [o for o in items if o.split("=", 1)[0] in study])
+    cfg.train += [o for o in items if o.split("=", 1)[0] not in study]
+    result = run_study(cfg)
+    print(table(result))
+    print(f"results: {cfg.out}/compare.json  figure: {cfg.out}/compare.png")
+    return 0
+
+
 def _eval(args) -> int:
     from aisrl.checkpoint import latest_checkpoint
     from aisrl.trainer import build, evaluate
@@ -101,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     mis.add_argument("overrides", nargs="*", help="e.g. prompts=32 max_new_tokens=128 temperature=0.7")
     mis.set_defaults(func=_mismatch)
     for name, fn, text in (("train", _train, "GRPO with low-precision rollouts (resumes from output_dir)"),
-                           ("eval", _eval, "held-out greedy accuracy of the latest checkpoint")):  # fmt: skip
+                           ("eval", _eval, "held-out greedy accuracy of the latest checkpoint"),
+                           ("compare", _compare, "study: precisions x corrections x seeds")):  # fmt: skip
         p = sub.add_parser(name, help=text)
         p.add_argument("preset", nargs="?", help="preset name (aisrl/presets) or YAML file; default: lab")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. max_steps=20 correction.name=tis")

@@ -23,12 +23,26 @@ def _parse(text: str):
         return text  # a bare string
 
 
+def _item_types(typ, value) -> tuple:
+    """Element types of a list/tuple annotation for `value`: fixed for tuple[a, b], repeated otherwise."""
+    args = typing.get_args(typ)
+    if typing.get_origin(typ) is tuple and args and args[-1] is not Ellipsis:
+        return args
+    n = len(value) if isinstance(value, (list, tuple)) else 1
+    return ((args[0] if args and args[0] is not Ellipsis else typing.Any),) * n
+
+
 def _check(key: str, value, typ):
     origin, args = typing.get_origin(typ), typing.get_args(typ)
     if origin is list:
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"config key {key!r} expects a list, got {value!r}")
         return [_check(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)] if args else list(value)
+    if origin is tuple or typ is tuple:
+        types_ = _item_types(typ, value)
+        if not isinstance(value, (list, tuple)) or len(types_) != len(value):
+            raise ValueError(f"config key {key!r} expects {len(types_)} items like [a, b], got {value!r}")
+        return tuple(_check(f"{key}[{i}]", v, t) for i, (v, t) in enumerate(zip(value, types_, strict=True)))
     if origin in (typing.Union, types.UnionType):
         for a in args:
             try:
@@ -36,6 +50,8 @@ def _check(key: str, value, typ):
             except ValueError:
                 continue
         raise ValueError(f"config key {key!r} expects {typ}, got {value!r}")
+    if typ is typing.Any:
+        return value
     if typ is type(None):
         if value is None:
             return None
@@ -73,13 +89,14 @@ def _from_text(key: str, text: str, typ):
     origin, args = typing.get_origin(typ), typing.get_args(typ)
     if typ is str:
         return text[1:-1] if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" else text
-    if origin is list and text.startswith("[") and text.endswith("]"):
+    if origin in (list, tuple) and text.startswith("[") and text.endswith("]"):
         try:
             return _check(key, ast.literal_eval(text), typ)
         except (ValueError, SyntaxError):
             items = [t.strip() for t in text[1:-1].split(",") if t.strip()]
-            elem = args[0] if args else str
-            return [_from_text(f"{key}[{i}]", t, elem) for i, t in enumerate(items)]
+            types_ = (list(_item_types(typ, items)) + [str] * len(items))[: len(items)]  # extras fail in _check
+            values = [_from_text(f"{key}[{i}]", t, e) for i, (t, e) in enumerate(zip(items, types_, strict=True))]
+            return _check(key, values, typ)
     if origin in (typing.Union, types.UnionType) and type(None) in args:
         if text.lower() in ("none", "null"):
             return None

@@ -66,6 +66,10 @@ class LabConfig:
     """Procedural task of the warm start (arithmetic, countdown, sudoku4)."""
     max_operand: int = 20
     """Arithmetic operands are drawn from 0..max_operand (the lab's difficulty)."""
+    ops: str = "+-"
+    """Arithmetic operators."""
+    trace: str = "flat"
+    """Arithmetic solution trace: 'flat' (`23+48=71`) or 'columns' (digit by digit with carries; ops='+')."""
     hidden: int = 192
     """Model width."""
     layers: int = 4
@@ -83,7 +87,9 @@ class LabConfig:
 
 
 def lab_task(cfg: LabConfig):
-    return make_task(cfg.task, max_operand=cfg.max_operand) if cfg.task == "arithmetic" else make_task(cfg.task)
+    if cfg.task == "arithmetic":
+        return make_task(cfg.task, max_operand=cfg.max_operand, ops=cfg.ops, trace=cfg.trace)
+    return make_task(cfg.task)
 
 
 def _cache_dir(cfg: LabConfig) -> Path:

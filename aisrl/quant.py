@@ -120,7 +120,8 @@ class QuantConfig:
     granularity: str = "channel"
     """FP8 weight scales: tensor, channel or block (128x128)."""
     activations: bool = False
-    """Also fake-quantise linear inputs with dynamic per-token scales (W8A8; fp8_* and int8 only)."""
+    """Also fake-quantise linear inputs dynamically: per-token scales for fp8_*/int8 (W8A8), the format's own
+    block scales along the input dimension for mxfp4/nvfp4 (W4A4)."""
     group_size: int = 128
     """INT4 group size along the input dimension."""
     lm_head: bool = False
@@ -131,8 +132,8 @@ class QuantConfig:
     def __post_init__(self):
         if self.format not in WEIGHT_FORMATS:
             raise ValueError(f"unknown format {self.format!r}; choose from {sorted(WEIGHT_FORMATS)}")
-        if self.activations and not (self.format.startswith("fp8") or self.format == "int8"):
-            raise ValueError(f"activations=True (W8A8) needs an fp8_* or int8 format, not {self.format!r}")
+        if self.activations and self.format not in ACT_FORMATS:
+            raise ValueError(f"activations=True needs one of {sorted(ACT_FORMATS)}, not {self.format!r}")
         if self.granularity not in ("tensor", "channel", "block"):
             raise ValueError(f"unknown granularity {self.granularity!r}; choose from ['block', 'channel', 'tensor']")
 
@@ -145,6 +146,14 @@ WEIGHT_FORMATS = {
     "int4": lambda w, c: quantize_int(w, 4, c.group_size),
     "mxfp4": lambda w, c: quantize_mxfp4(w),
     "nvfp4": lambda w, c: quantize_nvfp4(w),
+}
+
+ACT_FORMATS = {  # dynamic activation fake-quant per weight format (input rows are tokens)
+    "fp8_e4m3": lambda x: quantize_act(x, "e4m3"),
+    "fp8_e5m2": lambda x: quantize_act(x, "e5m2"),
+    "int8": lambda x: quantize_act(x, "int8"),
+    "mxfp4": lambda x: quantize_mxfp4(x.reshape(-1, x.shape[-1])).reshape(x.shape),
+    "nvfp4": lambda x: quantize_nvfp4(x.reshape(-1, x.shape[-1])).reshape(x.shape),
 }
 
 PRESETS = {
@@ -162,6 +171,8 @@ PRESETS = {
     "int4": QuantConfig("int4"),
     "mxfp4": QuantConfig("mxfp4"),
     "nvfp4": QuantConfig("nvfp4"),
+    "mxfp4_w4a4": QuantConfig("mxfp4", activations=True),
+    "nvfp4_w4a4": QuantConfig("nvfp4", activations=True),
 }
 
 
@@ -190,7 +201,7 @@ class FakeQuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.cfg.activations:
-            x = quantize_act(x.float(), "int8" if self.cfg.format == "int8" else self.cfg.format[4:])
+            x = ACT_FORMATS[self.cfg.format](x.float())
         return nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias)
 
     def extra_repr(self) -> str:

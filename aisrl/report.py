@@ -54,7 +54,8 @@ def plot(rows: list[dict], path: Path) -> None:
     ax[2].set_title("rollout/trainer mismatch")
     for a in ax:
         a.set_xlabel("step")
-        a.legend(fontsize=7)
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -98,21 +98,42 @@ def _int_or_none(s: str) -> int | None:
 
 
 class Arithmetic(Task):
-    """a op b with op in + - *; the trace works the digits out (easy: 1-2 digit operands)."""
+    """a op b with op in + - *, operands 0..max_operand.
+
+    trace='flat' writes the worked solution as one equation (`23+48=71`); trace='columns' (addition only)
+    works the digits right to left with the carry, `3+8=11,2+4+1=7`, a procedure a tiny model can learn
+    to apply to unseen operands rather than memorise."""
 
     name = "arithmetic"
 
-    def __init__(self, max_operand: int = 99, ops: str = "+-"):
-        self.max_operand, self.ops = max_operand, ops
+    def __init__(self, max_operand: int = 99, ops: str = "+-", trace: str = "flat"):
+        if trace not in ("flat", "columns"):
+            raise ValueError(f"unknown arithmetic trace {trace!r}; choose from ['columns', 'flat']")
+        if trace == "columns" and ops != "+":
+            raise ValueError(f"trace='columns' works addition only; use ops='+' (got ops={ops!r})")
+        if not ops or set(ops) - set("+-*"):
+            raise ValueError(f"arithmetic ops must be a non-empty string of + - *, got {ops!r}")
+        self.max_operand, self.ops, self.trace = max_operand, ops, trace
 
     def generate(self, rng):
         a, b, op = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand), rng.choice(self.ops)
         value = {"+": a + b, "-": a - b, "*": a * b}[op]
-        steps = f"{a}{op}{b}={value}"
+        steps = column_trace(a, b) if self.trace == "columns" else f"{a}{op}{b}={value}"
         return Problem(f"{a}{op}{b}", str(value), steps, {"a": a, "b": b, "op": op})
 
     def check(self, answer, problem):
         return _int_or_none(answer) == int(problem.answer)
+
+
+def column_trace(a: int, b: int) -> str:
+    """Schoolbook addition, least significant digit first: each column as `x+y+carry=sum`."""
+    out, carry = [], 0
+    for i in range(max(len(str(a)), len(str(b)))):
+        x, y = a // 10**i % 10, b // 10**i % 10
+        s = x + y + carry
+        out.append(f"{x}+{y}={s}" if i == 0 else f"{x}+{y}+{carry}={s}")
+        carry = s // 10
+    return ",".join(out)
 
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}

@@ -126,6 +126,12 @@ def train(cfg: TrainConfig, log=print) -> dict:
     params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
     pool = task.problems("train", cfg.train_problems, seed=cfg.seed)
     held = task.problems("test", cfg.eval_problems, seed=cfg.seed + 1)
+    fit = pool[: cfg.eval_problems]  # training prompts: how well RL fits what it trains on, next to held-out
+
+    def evaluations(suffix: str = "") -> dict:
+        return {f"eval_accuracy{suffix}": evaluate(model, tok, task, encode, held, params),
+                f"fit_accuracy{suffix}": evaluate(model, tok, task, encode, fit, params)}  # fmt: skip
+
     if len(pool) < cfg.prompts_per_step or not held:
         raise ValueError(f"the task gives {len(pool)} training and {len(held)} held-out problems; need at least "
                          f"prompts_per_step={cfg.prompts_per_step} and one held-out problem")  # fmt: skip
@@ -147,7 +153,9 @@ def train(cfg: TrainConfig, log=print) -> dict:
     B, G = cfg.prompts_per_step, cfg.group_size
     tracker = Tracker(out, cfg.max_steps, start, log) if rank == 0 else None
     for step in range(start + 1, cfg.max_steps + 1):
-        t = {}
+        t, row = {}, {}
+        if step == 1:  # the held-out baseline every later evaluation is compared with
+            row.update(evaluations("_start"))
         # 1. prompts and G rollouts each, from the low-precision copy
         rng = random.Random(cfg.seed * 1_000_003 + step)
         problems = [p for p in rng.sample(pool, min(B, len(pool))) for _ in range(G)]
@@ -190,10 +198,10 @@ def train(cfg: TrainConfig, log=print) -> dict:
         # 5. weight sync into the rollout copy
         t["time_sync"] = sync_weights(merged_state(model), rollout)
         prev_alpha = res.metrics["alpha"].item() if "alpha" in res.metrics else None
-        row = {"step": step, "reward": reward_sum / n_samples, "accuracy": n_correct / n_samples,
+        row = {"step": step, **row, "reward": reward_sum / n_samples, "accuracy": n_correct / n_samples,
                "alpha": prev_alpha, **res.metrics, **loss_metrics, **t}  # fmt: skip
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
-            row["eval_accuracy"] = evaluate(model, tok, task, encode, held, params)
+            row.update(evaluations())
         if rank == 0:
             tracker.log_step(row)
             if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:

@@ -57,3 +57,18 @@ def test_strings_stay_strings_and_lists_accept_bare_items():
     assert cfg.name == "none" and cfg.methods == ["none", "tis", "ais"] and cfg.label is None
     assert apply_overrides(C(), ["methods=['a', 'b']", "name='1'"]).methods == ["a", "b"]
     assert apply_overrides(C(), ["name='1'"]).name == "1"
+
+
+@dataclass
+class Pair:
+    band: tuple[float, float] = (0.1, 0.7)
+    names: tuple[str, ...] = ("a",)
+
+
+def test_tuples_are_fixed_length_and_typed():
+    cfg = apply_overrides(Pair(), ["band=[1, 0.5]", "names=[x,y,z]"])
+    assert cfg.band == (1.0, 0.5) and isinstance(cfg.band, tuple) and cfg.names == ("x", "y", "z")
+    for item, message in [("band=[0.1]", "expects 2 items"), ("band=[0.1,0.2,0.3]", "expects 2 items"),
+                          ("band=0.3", "expects 2 items"), ("band=[a,0.2]", r"'band\[0\]' expects float")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            apply_overrides(Pair(), [item])

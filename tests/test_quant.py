@@ -130,7 +130,7 @@ def test_quantize_keeps_head_by_default_and_lists_formats():
         QuantConfig("fp9")
     with pytest.raises(ValueError, match=r"unknown quantisation preset 'fp8'; choose from"):
         quant_config("fp8")
-    with pytest.raises(ValueError, match="W8A8"):
+    with pytest.raises(ValueError, match=r"activations=True needs one of \['fp8_e4m3'.*'nvfp4'\], not 'int4'"):
         QuantConfig("int4", activations=True)
     assert {"fp8_e4m3_w8a8", "fp8_e5m2_w8a8", "int8_w8a8", "int4", "mxfp4", "nvfp4", "bf16"} <= set(PRESETS)
 
@@ -162,3 +162,16 @@ def test_sync_weights_tracks_trainer_updates():
     torch.testing.assert_close(rollout.emb.weight, trainer.emb.weight.detach())  # unquantised: copied
     torch.testing.assert_close(after, trainer(x).detach(), atol=0.1, rtol=0.1)  # FP8 is close, not equal
     assert not any(p.requires_grad for p in rollout.parameters())
+
+
+def test_w4a4_quantises_activations_in_32_blocks():
+    from aisrl.quant import quantize_mxfp4
+
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 8)
+    x = torch.randn(3, 5, 64)
+    q = FakeQuantLinear(lin, quant_config("mxfp4_w4a4"))
+    xq = quantize_mxfp4(x.reshape(15, 64)).reshape(3, 5, 64)
+    assert len(torch.unique(xq[0, 0, :32].abs())) <= 8  # E2M1 has 8 magnitudes per shared block scale
+    assert torch.equal(q(x), nn.functional.linear(xq, q.weight, q.bias))
+    assert not torch.equal(q(x), FakeQuantLinear(lin, quant_config("mxfp4"))(x))  # the input really is quantised

@@ -93,3 +93,20 @@ def test_countdown_survives_hostile_answers():
 
 def test_repeated_blocks_are_not_the_format():
     assert extract_answer(wrap("1") + wrap("2")) is None
+
+
+def test_column_trace_is_schoolbook_addition():
+    from aisrl.tasks import column_trace
+
+    assert column_trace(47, 38) == "7+8=15,4+3+1=8"
+    assert column_trace(5, 7) == "5+7=12" and column_trace(99, 99) == "9+9=18,9+9+1=19"
+    assert column_trace(100, 5) == "0+5=5,0+0+0=0,1+0+0=1"
+    p = Arithmetic(ops="+", trace="columns").problems("train", 1, seed=3)[0]
+    a, b = p.meta["a"], p.meta["b"]
+    # the last column's sum followed by the lower columns' units, most significant first, is the answer
+    sums = [int(c.split("=")[1]) for c in p.solution.split(",")]
+    assert int(str(sums[-1]) + "".join(str(s % 10) for s in reversed(sums[:-1]))) == a + b == int(p.answer)
+    with pytest.raises(ValueError, match="addition only"):
+        Arithmetic(ops="+-", trace="columns")
+    with pytest.raises(ValueError, match="unknown arithmetic trace"):
+        Arithmetic(trace="words")

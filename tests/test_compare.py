@@ -1,0 +1,118 @@
+"""The comparison study: a reduced real run (2 methods, 1 seed, 2 steps), resume/skip, aggregation math."""
+
+import json
+import statistics
+
+import pytest
+from conftest import TINY_LAB
+
+from aisrl.cli import main
+from aisrl.compare import CompareConfig, Run, aggregate, plan, publish, run_study, summarize_run, table
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
+
+
+def test_reduced_study_runs_end_to_end_and_resumes(tmp_path, capsys):
+    out = tmp_path / "study"
+    args = ["compare", "lab", "methods=[none,ais]", "seeds=[0]", "formats=[fp8_e4m3_w8a8]", f"out={out}",
+            *TINY_LAB, "max_steps=2", "eval_every=2"]  # fmt: skip
+    assert main(args) == 0
+    result = json.loads((out / "compare.json").read_text())
+    assert sorted(result["groups"]) == ["fp8_e4m3_w8a8/ais", "fp8_e4m3_w8a8/none", "reference"]
+    for name, g in result["groups"].items():
+        run = g["runs"]["0"]
+        assert g["missing"] == [] and run["steps"] == 2, name
+        assert run["eval_start"] is not None and run["eval_final"] is not None
+        assert len(run["reward"]) == 2 and abs(sum(run["time_share"].values()) - 1) < 1e-9
+    ref, fp8_none, ais = (result["groups"][k]["runs"]["0"] for k in ("reference", "fp8_e4m3_w8a8/none",
+                                                                       "fp8_e4m3_w8a8/ais"))  # fmt: skip
+    assert all(a is None for a in fp8_none["alpha"]) and all(0 <= a <= 1 for a in ais["alpha"])
+    # full-precision rollouts come from an exact copy of the trainer: no mismatch; FP8 rollouts have some
+    assert max(ref["k3_kl"]) < 1e-10 < min(fp8_none["k3_kl"])
+    assert (out / "compare.png").exists() and "| full precision | none | 1 |" in capsys.readouterr().out
+    # a finished study is not re-run: the second call only aggregates (metrics files untouched)
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("metrics.jsonl")}
+    assert main(args) == 0
+    assert before == {p: p.stat().st_mtime_ns for p in out.rglob("metrics.jsonl")} and len(before) == 3
+    assert json.loads((out / "compare.json").read_text())["groups"] == result["groups"]
+
+
+def _fake_rows(rewards, evals, start, kl):
+    rows = []
+    for i, r in enumerate(rewards, 1):
+        row = {"step": i, "reward": r, "k3_kl": kl[i - 1], "ess": 1.0, "alpha": None, "time_rollout": 3.0,
+               "time_logprob": 0.5, "time_correction": 0.0, "time_train": 1.0, "time_sync": 0.5}  # fmt: skip
+        if i == 1:
+            row["eval_accuracy_start"] = start
+        if i in evals:
+            row["eval_accuracy"] = evals[i]
+        rows.append(row)
+    return rows
+
+
+def test_summaries_and_aggregation_match_hand_computed_values(tmp_path):
+    cfg = CompareConfig(methods=["tis"], formats=["mxfp4"], seeds=[0, 1], reference=False, out=str(tmp_path))
+    kl = [0.1 * i for i in range(1, 11)]  # early fifth = steps 1-2, late fifth = steps 9-10
+    seeds = {
+        0: _fake_rows([0.1] * 10, {5: 0.4, 10: 0.1}, 0.3, kl),
+        1: _fake_rows([0.5] * 10, {5: 0.3, 10: 0.35}, 0.2, kl),
+    }
+    for s, rows in seeds.items():
+        d = Run("mxfp4", "tis", s).path(tmp_path)
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    one = summarize_run(seeds[0], 0.5)
+    assert (one["eval_start"], one["eval_final"], one["eval_best"]) == (0.3, 0.1, 0.4)
+    assert one["collapsed"]  # 0.1 < 0.5 * 0.4
+    assert one["k3_kl_early"] == pytest.approx(0.15) and one["k3_kl_late"] == pytest.approx(0.95)
+    assert one["time_share"]["time_rollout"] == pytest.approx(0.6) and one["seconds_per_step"] == pytest.approx(5)
+    g = aggregate(cfg, plan(cfg), max_steps=10)["groups"]["mxfp4/tis"]
+    assert g["collapses"] == 1 and g["missing"] == []  # seed 1: 0.35 >= 0.5 * 0.35
+    assert g["eval_final"] == pytest.approx((0.225, statistics.stdev([0.1, 0.35])))
+    assert g["reward_last_fifth"] == pytest.approx((0.3, statistics.stdev([0.1, 0.5])))
+    # an unfinished run is reported missing, not averaged in
+    g = aggregate(cfg, plan(cfg), max_steps=12)["groups"]["mxfp4/tis"]
+    assert g["runs"] == {} and g["missing"] == [0, 1] and g["eval_final"] == (None, None)
+    assert "mxfp4" not in table({"groups": {"mxfp4/tis": g}})  # groups without runs get no row
+
+
+def test_publish_writes_results_and_benchmarks_section(tmp_path):
+    cfg = CompareConfig(methods=["none"], formats=["int4"], seeds=[0], reference=False, out=str(tmp_path / "s"))
+    d = Run("int4", "none", 0).path(cfg.out)
+    d.mkdir(parents=True)
+    (d / "metrics.jsonl").write_text(json.dumps(_fake_rows([0.2], {1: 0.3}, 0.25, [0.01])[0]) + "\n")
+    result = aggregate(cfg, plan(cfg), max_steps=1)
+    (tmp_path / "BENCHMARKS.md").write_text("# Benchmarks\n\nkept\n")
+    publish(cfg, result, root=tmp_path)
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "kept" in text and "<!-- BEGIN compare -->" in text
+    assert "| int4 | none | 1 | 25.0 ± 0.0 | 30.0 ± 0.0 | 30.0 ± 0.0 | 0/1 |" in text
+    assert (tmp_path / "benchmarks/results/compare.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"methods": ["nope"]}, "unknown correction 'nope'; choose from"),
+        ({"formats": ["fp7"]}, "fp7"),
+        ({"only": ["int4/ais"]}, "only='int4/ais' is not a group"),
+        ({"seeds": []}, "nothing to compare"),
+    ],
+)
+def test_bad_study_configs_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        plan(CompareConfig(**kwargs))
+
+
+def test_cli_reports_a_bad_method_without_running(tmp_path, capsys):
+    assert main(["compare", "methods=[nope]", f"out={tmp_path}"]) == 2
+    assert "unknown correction 'nope'" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_aggregate_only_with_jobs_zero_runs_nothing(tmp_path):
+    cfg = CompareConfig(methods=["none"], formats=["int4"], seeds=[0], out=str(tmp_path), jobs=0)
+    result = run_study(cfg, log=lambda _: None)
+    assert result["groups"]["reference"]["missing"] == [0] and not list(tmp_path.glob("*/seed0"))
