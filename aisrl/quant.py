@@ -253,6 +253,9 @@ def sync_weights(trainer: nn.Module | dict[str, torch.Tensor], rollout: nn.Modul
         if owner in quantised:
             continue
         if name not in src:
+            mod, leaf = rollout.get_submodule(owner), name.rpartition(".")[2]
+            if leaf in getattr(mod, "_non_persistent_buffers_set", ()):
+                continue  # derived, not trained (rotary inv_freq): absent from a state dict, nothing to sync
             raise ValueError(f"sync_weights: trainer has no tensor {name!r}; is it the same architecture?")
         t.copy_(src[name])
     return time.perf_counter() - t0

@@ -237,8 +237,44 @@ class Sudoku4(Task):
         return self.valid(a) and all(p in ("0", x) for p, x in zip(problem.question, a, strict=False))
 
 
+def read_rows(path: str) -> list[dict]:
+    """Rows of a local dataset: JSONL (.jsonl/.json lines), Parquet (.parquet, needs pyarrow) or a directory
+    written by `datasets.Dataset.save_to_disk` (needs datasets). Nothing is downloaded."""
+    p = Path(path)
+    if p.is_dir():
+        try:
+            from datasets import load_from_disk
+        except ImportError as e:
+            raise ImportError(
+                f"{path} is a directory: reading a saved Hugging Face dataset needs `pip install datasets`"
+            ) from e
+        ds = load_from_disk(str(p))
+        if hasattr(ds, "keys"):  # a DatasetDict: one split per key
+            raise ValueError(f"{path} holds several splits {sorted(ds.keys())}; point at one split's directory")
+        return [dict(r) for r in ds]
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"dataset {path!r} not found (expected a .jsonl or .parquet file, or a saved dataset dir)"
+        )
+    if p.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as e:
+            raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from e
+        return pq.read_table(p).to_pylist()
+    rows = []
+    for i, line in enumerate(p.read_text().splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i + 1}: not a JSON object per line ({e.msg})") from e
+    return rows
+
+
 class JsonlMath(Task):
-    """GSM8K / MATH-style problems from a local JSONL file with `question` and `answer` fields.
+    """GSM8K / MATH-style problems from a local dataset (JSONL, Parquet or a saved `datasets` directory)
+    with a `question` (or `problem`) and an `answer` field; GSM8K answers keep the final number after ####.
 
     Answers are compared with math-verify when installed (symbolic equivalence), else numerically/textually.
     """
@@ -246,17 +282,13 @@ class JsonlMath(Task):
     name = "jsonl"
 
     def __init__(self, path: str):
-        p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"dataset file {path!r} not found (expected JSONL with question/answer fields)")
         self.rows = []
-        for i, line in enumerate(p.read_text().splitlines()):
-            if line.strip():
-                row = json.loads(line)
-                if "question" not in row or "answer" not in row:
-                    raise ValueError(f"{path}:{i + 1}: each line needs 'question' and 'answer' fields")
-                ans = str(row["answer"]).split("####")[-1].strip()  # GSM8K keeps the final answer after ####
-                self.rows.append(Problem(row["question"], ans, str(row["answer"]), {}))
+        for i, row in enumerate(read_rows(path)):
+            question = row.get("question", row.get("problem"))
+            if question is None or "answer" not in row:
+                raise ValueError(f"{path}: row {i + 1} needs a 'question' (or 'problem') and an 'answer' field")
+            ans = str(row["answer"]).split("####")[-1].strip()
+            self.rows.append(Problem(str(question), ans, str(row["answer"]), {}))
 
     def problems(self, split, n, seed=0):
         pool = [p for p in self.rows if _split_of(p.question) == split]
@@ -273,7 +305,7 @@ class JsonlMath(Task):
             return a == b if a is not None else answer.strip() == problem.answer.strip()
 
 
-TASKS = {"arithmetic": Arithmetic, "countdown": Countdown, "sudoku4": Sudoku4, "jsonl": JsonlMath}
+TASKS = {"arithmetic": Arithmetic, "countdown": Countdown, "sudoku4": Sudoku4, "jsonl": JsonlMath, "dataset": JsonlMath}
 
 
 def make_task(name: str, lenient: bool = False, **kwargs) -> Task:

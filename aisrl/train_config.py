@@ -74,7 +74,7 @@ class TrainConfig:
     task: str = "arithmetic"
     """Task name (aisrl.tasks.TASKS); the lab model's task comes from lab.task."""
     dataset: str = ""
-    """JSONL file for task=jsonl."""
+    """Local dataset for task=dataset (alias jsonl): a .jsonl or .parquet file, or a saved `datasets` directory."""
     lenient_reward: bool = False
     """Also credit a correct final number without the answer format (correctness points only)."""
     train_problems: int = 500

@@ -46,7 +46,8 @@ def build(cfg: TrainConfig):
     model, tok = load_model(cfg.model.name)
     if tok is None:
         raise ValueError(f"model {cfg.model.name!r} has no tokenizer; use model.name=lab or a directory with one")
-    task = make_task(cfg.task, lenient=cfg.lenient_reward, **({"path": cfg.dataset} if cfg.task == "jsonl" else {}))
+    file_task = cfg.task in ("jsonl", "dataset")
+    task = make_task(cfg.task, lenient=cfg.lenient_reward, **({"path": cfg.dataset} if file_task else {}))
 
     def encode(p):
         msgs = [{"role": "user", "content": f"{p.question}\n{INSTRUCTION}"}]

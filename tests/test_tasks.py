@@ -66,8 +66,14 @@ def test_jsonl_task_and_errors(tmp_path):
     p = train[0]
     assert t.reward(wrap(p.answer), p) == (1.5, True)
     assert t.reward(wrap(str(int(p.answer) + 1)), p)[1] is False
-    with pytest.raises(FileNotFoundError, match="dataset file 'nope.jsonl' not found"):
+    with pytest.raises(FileNotFoundError, match="dataset 'nope.jsonl' not found"):
         JsonlMath("nope.jsonl")
+    (tmp_path / "bad.jsonl").write_text('{"question": "q", "answer": "1"}\n{oops\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2: not a JSON object per line"):
+        JsonlMath(str(tmp_path / "bad.jsonl"))
+    (tmp_path / "noans.jsonl").write_text('{"question": "q"}\n')
+    with pytest.raises(ValueError, match="row 1 needs a 'question'"):
+        JsonlMath(str(tmp_path / "noans.jsonl"))
     with pytest.raises(ValueError, match="unknown task 'chess'; choose from"):
         make_task("chess")
 
@@ -110,3 +116,23 @@ def test_column_trace_is_schoolbook_addition():
         Arithmetic(ops="+-", trace="columns")
     with pytest.raises(ValueError, match="unknown arithmetic trace"):
         Arithmetic(trace="words")
+
+
+def test_parquet_and_saved_datasets_give_the_same_problems_as_jsonl(tmp_path):
+    rows = [{"problem": f"What is {i} * 3?", "answer": str(3 * i)} for i in range(30)]
+    (tmp_path / "m.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    ref = make_task("dataset", path=str(tmp_path / "m.jsonl")).problems("train", 50, seed=1)
+    assert len(ref) > 10 and ref[0].question.startswith("What is")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "m.parquet")
+    got = make_task("dataset", path=str(tmp_path / "m.parquet")).problems("train", 50, seed=1)
+    assert [(p.question, p.answer) for p in got] == [(p.question, p.answer) for p in ref]
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+    got = make_task("dataset", path=str(tmp_path / "saved")).problems("train", 50, seed=1)
+    assert [(p.question, p.answer) for p in got] == [(p.question, p.answer) for p in ref]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(ValueError, match=r"several splits \['train'\]; point at one split"):
+        make_task("dataset", path=str(tmp_path / "dd"))

@@ -1,0 +1,126 @@
+"""AIS inside TRL: `AISGRPOTrainer`, a `trl.GRPOTrainer` whose rollout/trainer mismatch correction is any
+`aisrl.correction` (AIS by default), optionally generating with an `aisrl` low-precision rollout copy.
+
+    from aisrl.integrations.trl import AISGRPOTrainer
+    trainer = AISGRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(...), train_dataset=ds,
+                             processing_class=tok, correction="ais", rollout_quant="fp8_e4m3_w8a8")
+
+How it plugs in (TRL 1.x). TRL applies its own fixed correction only with vLLM, as a per-token factor on the
+clipped loss: `loss_t = -min(r_t A, clip(r_t) A) * is_t`. Because every aisrl weight w_t is >= 0,
+`-min(r_t A w_t, clip(r_t) A w_t) = w_t * -min(r_t A, clip(r_t) A)`, so the same correction is obtained by
+handing TRL per-token advantages `A * w_t * m_t` (TRL accepts (N, T) advantages). That is done once per
+generation batch in `_generate_and_score_completions`, right after TRL scores it:
+    old_logp (trainer precision, no grad) and rollout_logp (what the generator sampled with)
+    -> correct(name, old_logp, rollout_logp, mask) -> advantages * weights * mask, metrics logged as aisrl/*
+Masked tokens keep their place in TRL's loss denominators, as in TRL's own masking modes.
+
+Rollout log-probs come from one of two sources: vLLM (`use_vllm=True`: TRL collects them; TRL's own
+correction is switched off so that only ours applies), or `rollout_quant=` (any hardware, CPU included): a
+copy of the policy quantised with `aisrl.quant.quantize_`, re-synced from the trainer's weights whenever the
+optimiser has stepped, samples the completions with `aisrl.rollout.generate`, which returns the log-probs of
+the distribution it sampled from (temperature, top-k/top-p applied).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+try:
+    from trl import GRPOTrainer
+except ImportError as e:  # pragma: no cover - exercised only without trl
+    raise ImportError("aisrl.integrations.trl needs TRL: pip install 'aisrl[trl]' (or pip install trl)") from e
+
+from aisrl.correction import CORRECTIONS, correct
+from aisrl.quant import quant_config, quantize_, sync_weights
+from aisrl.rollout import SamplingParams, generate
+
+
+class AISGRPOTrainer(GRPOTrainer):
+    """`trl.GRPOTrainer` plus three keyword arguments.
+
+    correction: a name of aisrl.correction.CORRECTIONS ('ais' by default; 'none' leaves TRL's loss as it is).
+    correction_options: keyword options of that correction, e.g. {"cap": 2.0} or {"ema": 0.9} for AIS.
+    rollout_quant: an aisrl.quant preset ('fp8_e4m3_w8a8', 'mxfp4', ...) or 'none' (full-precision copy) to
+        generate with an aisrl rollout copy; None keeps TRL's generation (then use_vllm=True is needed for
+        any correction other than 'none', since only vLLM reports sampling log-probs).
+    """
+
+    def __init__(self, model, *args, correction: str = "ais", correction_options: dict | None = None,
+                 rollout_quant: str | None = None, **kwargs):  # fmt: skip
+        if correction not in CORRECTIONS:
+            raise ValueError(f"unknown correction {correction!r}; choose from {sorted(CORRECTIONS)}")
+        train_args = kwargs.get("args") or (args[1] if len(args) > 1 else None)
+        use_vllm = bool(getattr(train_args, "use_vllm", False))
+        if rollout_quant is None and not use_vllm and correction != "none":
+            raise ValueError(
+                f"correction {correction!r} needs the log-probs the rollouts were sampled with: pass "
+                "rollout_quant='fp8_e4m3_w8a8' (or another aisrl.quant preset, or 'none') to generate with an "
+                "aisrl rollout copy, or use vLLM (GRPOConfig(use_vllm=True))"
+            )
+        if rollout_quant is not None and isinstance(model, str):
+            raise ValueError("rollout_quant needs a model instance (load it first), not the name " + repr(model))
+        if use_vllm and getattr(train_args, "vllm_importance_sampling_correction", False):
+            train_args.vllm_importance_sampling_correction = False  # one correction, ours, not two
+        self._aisrl = {"name": correction, "options": dict(correction_options or {}), "prev_alpha": None}
+        self._rollout, self._synced_step = None, None
+        if rollout_quant is not None:  # copy before TRL patches the model's forward in place
+            self._rollout = copy.deepcopy(model).eval().requires_grad_(False)
+            if rollout_quant != "none":
+                quantize_(self._rollout, quant_config(rollout_quant))
+        super().__init__(model, *args, **kwargs)
+
+    # -- generation with the aisrl rollout copy ------------------------------------------------------
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if self._rollout is None:
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images)  # fmt: skip
+        if self._synced_step != self.state.global_step:  # the optimiser stepped: re-quantise its weights
+            sync_weights(self.accelerator.unwrap_model(self.model).state_dict(), self._rollout)
+            self._synced_step = self.state.global_step
+        params = SamplingParams(self.max_completion_length, self.temperature, self.top_k or 0, self.top_p or 1.0)
+        # per-request seeds from (seed, step, process, row): reproducible, and TRL's global RNG is left alone
+        base = ((self.args.seed * 1_000_003 + self.state.global_step) * 64 + self.accelerator.process_index) * 65_536
+        seeds = [base + i for i in range(len(prompt_ids))]
+        r = generate(self._rollout, [list(p) for p in prompt_ids], params, seeds=seeds,
+                     pad_id=self._tokenizer.pad_token_id, eos_id=list(self.eos_token_ids))  # fmt: skip
+        ids = [r.completion_ids[i][r.completion_mask[i]].tolist() for i in range(len(prompt_ids))]
+        logps = [r.rollout_logp[i][r.completion_mask[i]].tolist() for i in range(len(prompt_ids))]
+        return ids, logps
+
+    # -- the correction, folded into per-token advantages ------------------------------------------------
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        if self._aisrl["name"] == "none" and "sampling_per_token_logps" not in out:
+            return out
+        mask = out["completion_mask"] * out["tool_mask"] if "tool_mask" in out else out["completion_mask"]
+        rollout_logp = out["sampling_per_token_logps"]  # (N, T), 0 where padded
+        old_logp = out.get("old_per_token_logps")
+        if old_logp is None:  # TRL only computes it when it needs it; the correction always does
+            old_logp = self._trainer_logps(out)
+        opts = dict(self._aisrl["options"])
+        if self._aisrl["name"] == "ais" and opts.get("ema"):
+            opts["prev_alpha"] = self._aisrl["prev_alpha"]
+        res = correct(self._aisrl["name"], old_logp, rollout_logp, mask.bool(), **opts)
+        adv = out["advantages"]
+        adv = adv.unsqueeze(1) if adv.dim() == 1 else adv  # (N, 1) or already (N, T)
+        out["advantages"] = adv * (res.weights * res.mask).to(adv.dtype).detach()  # (N, T)
+        if "alpha" in res.metrics:
+            self._aisrl["prev_alpha"] = res.metrics["alpha"].item()
+        mode = "train" if self.model.training else "eval"
+        for key, value in res.metrics.items():  # already global under torch.distributed (aisrl.dist)
+            self._metrics[mode][f"aisrl/{key}"].append(float(value))
+        return out
+
+    @torch.no_grad()
+    def _trainer_logps(self, out) -> torch.Tensor:
+        from trl.models.utils import disable_gradient_checkpointing
+
+        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+        attn = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, ids, attn, out["completion_ids"].size(1), batch_size=self.args.per_device_train_batch_size
+            )
+        return logps

@@ -1,0 +1,106 @@
+"""AIS inside TRL: step time of `trl.GRPOTrainer` vs `AISGRPOTrainer` on the same tiny model and batch.
+
+    python benchmarks/trl_overhead.py [steps]
+
+A 2-layer Llama (width 128, 64-token word vocabulary), 32 completions of up to 32 tokens per step, on CPU.
+Variants: TRL as shipped (HF generate, no correction); AISGRPOTrainer with correction='none' and a
+full-precision aisrl rollout copy (our generator, nothing corrected); with correction='ais' (adds the
+trainer-precision old log-prob pass and the correction); and with an FP8 W8A8 rollout copy (adds
+fake-quantisation and the weight sync). Median seconds per step over `steps` steps after one warm-up step.
+Writes benchmarks/results/trl_overhead.json and the `trl_overhead` section of BENCHMARKS.md.
+"""
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from aisrl.bench.report import machine, update_section, write_json
+
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def setup():
+    from datasets import Dataset
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{f"w{i}": i + 3 for i in range(61)}}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
+    cfg = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=4, pad_token_id=0, eos_token_id=1, bos_token_id=2)  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    g = torch.Generator().manual_seed(0)
+    prompts = [" ".join(f"w{i}" for i in torch.randint(0, 61, (8,), generator=g).tolist()) for _ in range(64)]
+    return model, tok, Dataset.from_dict({"prompt": prompts})
+
+
+def reward(prompts, completions, **kwargs):
+    return [float(c.count("w5")) for c in completions]
+
+
+class StepTimer:
+    def __init__(self):
+        self.times, self.t0 = [], None
+
+    def on_step_begin(self, *a, **k):
+        self.t0 = time.perf_counter()
+
+    def on_step_end(self, *a, **k):
+        self.times.append(time.perf_counter() - self.t0)
+
+
+def run(variant: str, steps: int) -> float:
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from aisrl.integrations.trl import AISGRPOTrainer
+
+    model, tok, ds = setup()
+    args = GRPOConfig(output_dir=f"/tmp/aisrl_trl_bench/{variant}", use_cpu=True, bf16=False,
+                      gradient_checkpointing=False, per_device_train_batch_size=32, num_generations=8,
+                      max_completion_length=32, max_steps=steps + 1, logging_steps=1, report_to="none",
+                      save_strategy="no", learning_rate=1e-4, seed=0, disable_tqdm=True)  # fmt: skip
+    timer = StepTimer()
+    cb = type("CB", (TrainerCallback,), {"on_step_begin": timer.on_step_begin, "on_step_end": timer.on_step_end})()
+    kw = {"model": model, "reward_funcs": reward, "args": args, "train_dataset": ds, "processing_class": tok,
+          "callbacks": [cb]}  # fmt: skip
+    if variant == "trl":
+        tr = GRPOTrainer(**kw)
+    else:
+        correction, quant = {"aisrl-none": ("none", "none"), "aisrl-ais": ("ais", "none"),
+                             "aisrl-ais-fp8": ("ais", "fp8_e4m3_w8a8")}[variant]  # fmt: skip
+        tr = AISGRPOTrainer(**kw, correction=correction, rollout_quant=quant)
+    tr.train()
+    return statistics.median(timer.times[1:])
+
+
+def main(steps: int = 5):
+    variants = ["trl", "aisrl-none", "aisrl-ais", "aisrl-ais-fp8"]
+    res = {v: run(v, steps) for v in variants}
+    for v, s in res.items():
+        print(f"{v:>14}: {s:.3f} s/step ({s / res['trl']:.2f}x TRL)")
+    data = {"seconds_per_step": res, "steps": steps, "machine": machine(),
+            "workload": "Llama 2x128, 32 completions x <=32 tokens, 8 prompts x 8 generations"}  # fmt: skip
+    write_json(ROOT / "benchmarks/results/trl_overhead.json", data)
+    m = machine()
+    lines = ["| trainer | s/step | vs TRL |", "|---|---|---|"]
+    names = {"trl": "trl.GRPOTrainer (HF generate)", "aisrl-none": "AISGRPOTrainer, none, FP32 copy",
+             "aisrl-ais": "AISGRPOTrainer, ais, FP32 copy",
+             "aisrl-ais-fp8": "AISGRPOTrainer, ais, FP8 W8A8 copy"}  # fmt: skip
+    lines += [f"| {names[v]} | {s:.3f} | {s / res['trl']:.2f}x |" for v, s in res.items()]
+    body = (f"Command: `python benchmarks/trl_overhead.py {steps}`  \nMachine: {m['processor']}, {m['cpus']} CPUs, "
+            f"{m['torch_threads']} torch threads, torch {m['torch']}. Workload: {data['workload']}; median of "
+            f"{steps} steps after a warm-up step.\n\n" + "\n".join(lines))  # fmt: skip
+    update_section(ROOT / "BENCHMARKS.md", "trl_overhead", body)
+
+
+if __name__ == "__main__":
+    main(*(int(a) for a in sys.argv[1:]))

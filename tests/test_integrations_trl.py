@@ -1,0 +1,119 @@
+"""AISGRPOTrainer on CPU with a tiny Llama: real optimisation steps with an FP8 rollout copy, AIS metrics in
+TRL's logs, the loss equal to TRL's own when nothing is corrected, and the weights TIS folds in."""
+
+import os
+
+import pytest
+import torch
+
+trl = pytest.importorskip("trl")
+datasets = pytest.importorskip("datasets")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+from aisrl.integrations.trl import AISGRPOTrainer  # noqa: E402
+
+
+def tiny_setup():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{f"w{i}": i + 3 for i in range(29)}}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
+    cfg = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, pad_token_id=0, eos_token_id=1, bos_token_id=2)  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    ds = datasets.Dataset.from_dict({"prompt": ["w1 w2 w3", "w4 w5", "w6 w7 w8 w9", "w10 w11"]})
+    return model, tok, ds
+
+
+def reward_w5(prompts, completions, **kwargs):  # a reward that varies, so advantages are non-zero
+    return [float(c.count("w5")) + 0.1 * len(c.split()) for c in completions]
+
+
+def grpo_args(tmp_path, **kw):
+    return trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, gradient_checkpointing=False,
+                          per_device_train_batch_size=8, num_generations=4, max_completion_length=6, max_steps=2,
+                          logging_steps=1, report_to="none", save_strategy="no", learning_rate=1e-2, seed=0,
+                          **kw)  # fmt: skip
+
+
+def test_two_real_steps_with_an_fp8_rollout_copy_log_ais_metrics(tmp_path):
+    model, tok, ds = tiny_setup()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    tr = AISGRPOTrainer(model=model, reward_funcs=reward_w5, args=grpo_args(tmp_path), train_dataset=ds,
+                        processing_class=tok, correction="ais", rollout_quant="fp8_e4m3_w8a8")  # fmt: skip
+    tr.train()
+    assert tr.state.global_step == 2
+    logs = [h for h in tr.state.log_history if "aisrl/alpha" in h]
+    assert len(logs) == 2
+    for h in logs:
+        assert 0.0 <= h["aisrl/alpha"] <= 1.0 and h["aisrl/k3_kl"] > 0  # FP8 rollouts: a real mismatch
+        for key in ("aisrl/weight_reliability", "aisrl/divergence_severity", "aisrl/variance_amplification",
+                    "aisrl/ess"):  # fmt: skip
+            assert key in h, key
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())  # it optimised
+    # the rollout copy was re-synced after step 1: its weights are the FP8 image of the step-1 trainer weights,
+    # so they differ from the FP8 image of the initial weights
+    from aisrl.quant import quant_config, quantize_
+
+    init = quantize_(tiny_setup()[0].eval(), quant_config("fp8_e4m3_w8a8"))
+    name = "model.layers.0.self_attn.q_proj"
+    assert not torch.equal(tr._rollout.get_submodule(name).weight, init.get_submodule(name).weight)
+
+
+def test_correction_none_gives_trls_own_loss(tmp_path):
+    model, tok, ds = tiny_setup()
+    ours = AISGRPOTrainer(model=model, reward_funcs=reward_w5, args=grpo_args(tmp_path / "a"), train_dataset=ds,
+                          processing_class=tok, correction="none", rollout_quant="none")  # fmt: skip
+    batch = [{"prompt": p} for p in ds["prompt"][:2] for _ in range(4)]
+    inputs = ours._generate_and_score_completions(batch)
+    assert inputs["advantages"].shape == inputs["completion_ids"].shape  # the folded (N, T) advantages
+    plain = trl.GRPOTrainer(model=model, reward_funcs=reward_w5, args=grpo_args(tmp_path / "b"), train_dataset=ds,
+                            processing_class=tok)  # fmt: skip
+    theirs = {k: v for k, v in inputs.items() if k != "sampling_per_token_logps"}
+    theirs["advantages"] = inputs["advantages"][:, 0]  # TRL's own (N,) advantages: with w = 1 nothing else changed
+    assert torch.equal(inputs["advantages"], theirs["advantages"][:, None] * inputs["completion_mask"])
+    model.train()
+    ours.current_gradient_accumulation_steps = plain.current_gradient_accumulation_steps = 1
+    loss_ours, loss_theirs = ours._compute_loss(model, inputs), plain._compute_loss(model, theirs)
+    assert loss_theirs.abs() > 0 and torch.equal(loss_ours, loss_theirs)
+
+
+def test_tis_weights_are_folded_into_the_advantages(tmp_path):
+    model, tok, ds = tiny_setup()
+    tr = AISGRPOTrainer(model=model, reward_funcs=reward_w5, args=grpo_args(tmp_path), train_dataset=ds,
+                        processing_class=tok, correction="tis", correction_options={"cap": 1.01},
+                        rollout_quant="mxfp4")  # fmt: skip
+    captured = {}
+    orig = trl.GRPOTrainer._generate_and_score_completions
+
+    def spy(self, inputs):
+        captured["out"] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in orig(self, inputs).items()}
+        return captured["out"] | {}
+
+    trl.GRPOTrainer._generate_and_score_completions = spy
+    try:
+        out = tr._generate_and_score_completions([{"prompt": p} for p in ds["prompt"][:2] for _ in range(4)])
+    finally:
+        trl.GRPOTrainer._generate_and_score_completions = orig
+    raw = captured["out"]
+    mask = raw["completion_mask"].bool()
+    old = tr._trainer_logps(raw)
+    w = torch.exp(old - raw["sampling_per_token_logps"]).clamp(max=1.01)  # token TIS, worked out by hand
+    expect = raw["advantages"][:, None] * torch.where(mask, w, torch.zeros_like(w))
+    assert torch.allclose(out["advantages"], expect, atol=1e-6)
+    assert (w[mask] < 1.01).any()  # some weights are not at the cap: the test sees real ratios
+
+
+def test_configuration_errors_are_explained(tmp_path):
+    model, tok, ds = tiny_setup()
+    kw = {"reward_funcs": reward_w5, "args": grpo_args(tmp_path), "train_dataset": ds, "processing_class": tok}
+    with pytest.raises(ValueError, match="unknown correction 'nope'; choose from"):
+        AISGRPOTrainer(model=model, correction="nope", **kw)
+    with pytest.raises(ValueError, match="needs the log-probs the rollouts were sampled with"):
+        AISGRPOTrainer(model=model, correction="ais", **kw)
+    with pytest.raises(ValueError, match="unknown quantisation preset"):
+        AISGRPOTrainer(model=model, rollout_quant="fp7", **kw)
