@@ -10,13 +10,30 @@ all-reduces, not one per number.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
+_LOCAL = False
+
 
 def is_distributed() -> bool:
-    """True when a default process group exists (torchrun / init_process_group was called)."""
-    return dist.is_available() and dist.is_initialized()
+    """True when a default process group exists (torchrun / init_process_group was called) and reductions
+    are not switched off by `local_only()`."""
+    return not _LOCAL and dist.is_available() and dist.is_initialized()
+
+
+@contextlib.contextmanager
+def local_only():
+    """Statistics of this process's tensors only, even under torch.distributed: for engines (verl) that call
+    a loss per micro-batch, where ranks may run different numbers of micro-batches and a collective would hang."""
+    global _LOCAL
+    prev, _LOCAL = _LOCAL, True
+    try:
+        yield
+    finally:
+        _LOCAL = prev
 
 
 def world_size() -> int:

@@ -69,6 +69,37 @@ def _masked_aggregate(per_tok: torch.Tensor, m: torch.Tensor, agg: str, horizon:
     return (per_tok * m).sum() / (n_seq * horizon)  # seq-mean-token-sum-norm
 
 
+def clipped_surrogate(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    on: torch.Tensor,
+    clip: tuple[float, float] = (0.2, 0.2),
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Per-token clipped PPO loss l_t (zero off the bool mask `on`), before weights and aggregation.
+
+    Returns (l, ratio, log_ratio, clipped, dual), each (N, T); `clipped`/`dual` flag tokens where the clip or
+    the dual clip is active. Shared by grpo_loss and the verl adapter (which aggregates with verl's agg_loss)."""
+    adv = adv.detach().to(logp.dtype)
+    adv = adv[:, None] if adv.dim() == 1 else adv  # (N, 1) or (N, T)
+    adv = torch.where(on, adv, 0.0)  # (N, T)
+    log_ratio = torch.where(on, logp - old_logp.detach(), 0.0)
+    log_ratio = torch.nan_to_num(log_ratio, nan=0.0).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)  # (N, T)
+    ratio = log_ratio.exp()  # (N, T)
+    lo, hi = clip
+    pg_unclipped = -adv * ratio  # (N, T)
+    pg_clipped = -adv * ratio.clamp(1.0 - lo, 1.0 + hi)
+    pg = torch.maximum(pg_unclipped, pg_clipped)  # (N, T)
+    clipped = (pg_clipped > pg_unclipped) & on
+    dual = torch.zeros_like(on)
+    if dual_clip is not None:
+        bound = -adv * dual_clip  # (N, T), positive where adv < 0
+        dual = (adv < 0) & (pg > bound) & on
+        pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)
+    return pg, ratio, log_ratio, clipped, dual
+
+
 def grpo_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -102,22 +133,7 @@ def grpo_loss(
         raise ValueError("kl_coef > 0 needs ref_logp (log-probs under the reference policy)")
     m = mask.detach().to(logp.dtype)  # (N, T)
     on = m > 0
-    adv = adv.detach().to(logp.dtype)
-    adv = adv[:, None] if adv.dim() == 1 else adv  # (N, 1) or (N, T)
-    adv = torch.where(on, adv, 0.0)  # (N, T)
-    log_ratio = torch.where(on, logp - old_logp.detach(), 0.0)
-    log_ratio = torch.nan_to_num(log_ratio, nan=0.0).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)  # (N, T)
-    ratio = log_ratio.exp()  # (N, T)
-    lo, hi = clip
-    pg_unclipped = -adv * ratio  # (N, T)
-    pg_clipped = -adv * ratio.clamp(1.0 - lo, 1.0 + hi)
-    pg = torch.maximum(pg_unclipped, pg_clipped)  # (N, T)
-    clipped = (pg_clipped > pg_unclipped) & on
-    dual = torch.zeros_like(on)
-    if dual_clip is not None:
-        bound = -adv * dual_clip  # (N, T), positive where adv < 0
-        dual = (adv < 0) & (pg > bound) & on
-        pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)
+    pg, ratio, log_ratio, clipped, dual = clipped_surrogate(logp, old_logp, adv, on, clip, dual_clip)
     if weights is not None:
         pg = pg * torch.where(on, weights.detach().to(logp.dtype), 0.0)
     per_tok = pg

@@ -1,0 +1,139 @@
+"""AIS inside verl: `install()` registers aisrl's corrections as verl policy losses.
+
+    import aisrl.integrations.verl as av
+    av.install()        # then: actor_rollout_ref.actor.policy_loss.loss_mode=ais
+
+Registered names: "ais", and "aisrl_<name>" for every correction of aisrl.correction.CORRECTIONS
+("aisrl_tis", "aisrl_icepop", "aisrl_seq_mask", ...). Each loss is verl's vanilla PPO loss (clip_ratio_low /
+clip_ratio_high / dual clip clip_ratio_c, aggregated by verl's own `agg_loss` with the batch information verl
+provides) multiplied per token by the aisrl correction weights, with the correction's mask applied.
+
+What the correction needs and where it comes from (verl 0.9). verl never hands a policy loss the rollout
+log-probs; it hands `rollout_is_weights = exp(old_log_prob - rollout_log_prob)`, computed once per batch from
+the trainer's recomputed old log-probs, and by default truncated. With untruncated token weights the rollout
+log-probs are recovered exactly on valid tokens, rollout_logp = old_logp - log(w), and the correction runs on
+(old_logp, rollout_logp) as everywhere else. That needs these verl settings (REQUIRED_SETTINGS):
+
+    algorithm.rollout_correction.rollout_is=token
+    algorithm.rollout_correction.rollout_is_threshold=inf
+    algorithm.rollout_correction.rollout_is_batch_normalize=false
+    algorithm.rollout_correction.rollout_rs=null
+    algorithm.rollout_correction.bypass_mode=false
+    actor_rollout_ref.rollout.calculate_log_probs=true
+
+The first call checks what arrived and raises a ValueError naming these settings when it cannot be raw
+token weights (none at all, values capped at a threshold, zeros inside the mask, or constant per sequence).
+
+verl calls the loss once per micro-batch, and ranks may run different numbers of micro-batches, so the
+correction statistics (alpha and the diagnostics) are computed per micro-batch on each rank
+(`aisrl.dist.local_only`), not all-reduced. Workers must import this module: set
+`VERL_USE_EXTERNAL_MODULES=aisrl.integrations.verl` (install() runs at import) or call install() in a plugin.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from aisrl.correction import CORRECTIONS, correct
+from aisrl.dist import local_only
+from aisrl.losses import clipped_surrogate
+
+REQUIRED_SETTINGS = (
+    "algorithm.rollout_correction.rollout_is=token",
+    "algorithm.rollout_correction.rollout_is_threshold=inf",
+    "algorithm.rollout_correction.rollout_is_batch_normalize=false",
+    "algorithm.rollout_correction.rollout_rs=null",
+    "algorithm.rollout_correction.bypass_mode=false",
+    "actor_rollout_ref.rollout.calculate_log_probs=true",
+)
+
+
+def _settings_error(what: str) -> ValueError:
+    return ValueError(f"aisrl verl loss: {what}. The correction needs verl's raw per-token rollout IS weights; set\n  "
+                      + "\n  ".join(REQUIRED_SETTINGS))  # fmt: skip
+
+
+def check_raw_weights(w: torch.Tensor | None, mask: torch.Tensor) -> None:
+    """Raise if `w` cannot be verl's untruncated token-level exp(old_logp - rollout_logp)."""
+    if w is None:
+        raise _settings_error("verl passed no rollout_is_weights (rollout_is is off or rollout log-probs missing)")
+    on = mask.bool()
+    v = w.detach()[on]
+    if v.numel() == 0:
+        return
+    if not torch.isfinite(v).all() or (v <= 0).any():
+        raise _settings_error("rollout_is_weights has zeros or non-finite values inside the response mask "
+                              "(a rejection/IcePop threshold such as '0.5_2.0' was applied)")  # fmt: skip
+    lengths = on.sum(-1)
+    multi = lengths > 1
+    if multi.sum() >= 2:
+        wm = torch.where(on, w.detach(), float("nan"))[multi]
+        spread = (wm.nan_to_num(-math.inf).amax(-1) - wm.nan_to_num(math.inf).amin(-1)).abs()
+        if (spread == 0).all():
+            raise _settings_error("rollout_is_weights are constant within every sequence (rollout_is=sequence)")
+    top = v.max()
+    if top > 1.0 and (v == top).sum() >= max(3, v.numel() // 50):
+        raise _settings_error(f"rollout_is_weights look truncated at {top.item():g} (many tokens share the maximum)")
+
+
+def make_policy_loss(name: str, **options):
+    """A verl policy-loss function applying aisrl correction `name` with `options` (e.g. cap=2.0)."""
+    if name not in CORRECTIONS:
+        raise ValueError(f"unknown correction {name!r}; choose from {sorted(CORRECTIONS)}")
+    state = {"prev_alpha": None}
+
+    def policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+                    rollout_is_weights=None):  # fmt: skip
+        from verl.trainer.ppo.core_algos import agg_loss
+
+        on = response_mask.bool()
+        check_raw_weights(rollout_is_weights, on)
+        safe_w = torch.where(on, rollout_is_weights.detach(), torch.ones_like(rollout_is_weights))
+        rollout_logp = torch.where(on, old_log_prob.detach() - safe_w.log(), 0.0)  # (N, T)
+        opts = dict(options)
+        if name == "ais" and opts.get("ema"):
+            opts["prev_alpha"] = state["prev_alpha"]
+        with local_only():
+            res = correct(name, old_log_prob.detach(), rollout_logp, on, **opts)
+        cfg = config if config is not None else {}
+        clip = cfg.get("clip_ratio", 0.2)
+        lo = cfg.get("clip_ratio_low") if cfg.get("clip_ratio_low") is not None else clip
+        hi = cfg.get("clip_ratio_high") if cfg.get("clip_ratio_high") is not None else clip
+        keep = res.mask & on
+        pg, ratio, log_ratio, clipped, dual = clipped_surrogate(log_prob, old_log_prob, advantages, keep, (lo, hi),
+                                                                cfg.get("clip_ratio_c", 3.0))  # fmt: skip
+        pg = pg * torch.where(keep, res.weights.detach().to(pg.dtype), 0.0)  # (N, T)
+        info = getattr(config, "global_batch_info", None) or (cfg.get("global_batch_info") or {})
+        loss = agg_loss(pg, keep, loss_agg_mode, **info)
+        if "alpha" in res.metrics:
+            state["prev_alpha"] = res.metrics["alpha"].item()
+        n = keep.sum().clamp(min=1)
+        metrics = {"actor/pg_clipfrac": (clipped.sum() / n).item(), "actor/pg_clipfrac_lower": (dual.sum() / n).item(),
+                   "actor/ppo_kl": (-(log_ratio * keep).sum() / n).item()}  # fmt: skip
+        metrics.update({f"aisrl/{k}": float(v) for k, v in res.metrics.items()})
+        return loss, metrics
+
+    policy_loss.__name__ = f"aisrl_{name}_policy_loss"
+    return policy_loss
+
+
+def install(options: dict[str, dict] | None = None) -> list[str]:
+    """Register "ais" and "aisrl_<name>" for every aisrl correction in verl's policy-loss registry; returns the
+    names. `options` maps a correction name to its keyword options, e.g. {"ais": {"cap": 2.0, "ema": 0.9}}."""
+    try:
+        from verl.trainer.ppo.core_algos import register_policy_loss
+    except ImportError as e:
+        raise ImportError("aisrl.integrations.verl.install() needs verl: pip install verl") from e
+    options = options or {}
+    for key in options:
+        if key not in CORRECTIONS:
+            raise ValueError(f"options for unknown correction {key!r}; choose from {sorted(CORRECTIONS)}")
+    names = []
+    for name in CORRECTIONS:
+        fn = make_policy_loss(name, **options.get(name, {}))
+        for alias in (["ais"] if name == "ais" else []) + [f"aisrl_{name}"]:
+            register_policy_loss(alias)(fn)
+            names.append(alias)
+    return names

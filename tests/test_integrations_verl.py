@@ -1,0 +1,96 @@
+"""The verl adapter: aisrl losses registered in verl's policy-loss registry and dispatched by name give
+exactly aisrl.losses.grpo_loss with the aisrl correction; misconfigured rollout IS weights are explained.
+
+verl pulls Ray and pins its own transformers, so it is not in the test extra; this file skips without verl.
+Run it in an environment with verl: pip install verl pytest && python -m pytest tests/test_integrations_verl.py
+"""
+
+import pytest
+import torch
+
+verl_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+
+from aisrl.correction import correct  # noqa: E402
+from aisrl.integrations.verl import REQUIRED_SETTINGS, check_raw_weights, install  # noqa: E402
+from aisrl.losses import grpo_loss  # noqa: E402
+
+
+def batch(seed=0, n=6, t=8):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(n, t, generator=g) * 3
+    rollout = old + 0.3 * torch.randn(n, t, generator=g)  # a real mismatch
+    logp = (old + 0.05 * torch.randn(n, t, generator=g)).requires_grad_(True)
+    adv = torch.randn(n, generator=g)[:, None].expand(n, t).contiguous()
+    mask = torch.arange(t)[None] < torch.tensor([8, 5, 8, 3, 7, 6])[:, None]
+    w = torch.exp(old - rollout) * mask  # what verl passes with rollout_is=token, threshold=inf
+    return old, rollout, logp, adv, mask, w
+
+
+CFG = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0, "global_batch_info": {}}
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize(
+    ("loss_mode", "name", "opts"),
+    [
+        ("ais", "ais", {}),
+        ("aisrl_tis", "tis", {"cap": 2.0}),
+        ("aisrl_icepop", "icepop", {}),
+        ("aisrl_none", "none", {}),
+    ],
+)
+def test_dispatched_loss_equals_aisrl_losses(agg, loss_mode, name, opts):
+    names = install()
+    assert {"ais", "aisrl_ais", "aisrl_tis", "aisrl_seq_mask"} <= set(names)
+    old, rollout, logp, adv, mask, w = batch()
+    fn = verl_algos.get_policy_loss_fn(loss_mode)
+    loss, metrics = fn(old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask, loss_agg_mode=agg,
+                       config=CFG, rollout_is_weights=w)  # fmt: skip
+    res = correct(name, old, rollout, mask, **opts)
+    expect, _ = grpo_loss(logp, old, adv, res.mask, weights=res.weights, clip=(0.2, 0.28), dual_clip=3.0, agg=agg)
+    assert torch.allclose(loss, expect, atol=1e-6, rtol=1e-5), (loss, expect)
+    g1 = torch.autograd.grad(loss, logp)[0]
+    g2 = torch.autograd.grad(expect, logp)[0]
+    assert torch.allclose(g1, g2, atol=1e-6)
+    if name == "ais":
+        assert metrics["aisrl/alpha"] == pytest.approx(res.metrics["alpha"].item())
+        assert 0 < metrics["aisrl/alpha"] <= 1 and "aisrl/weight_reliability" in metrics
+    assert {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"} <= set(metrics)
+
+
+def test_with_verl_actor_config_and_vanilla_agreement():
+    from verl.workers.config import ActorConfig, PolicyLossConfig
+
+    install()
+    old, rollout, logp, adv, mask, w = batch(1)
+    cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_high=0.28,
+                      policy_loss=PolicyLossConfig(loss_mode="aisrl_none"))  # fmt: skip
+    ours, _ = verl_algos.get_policy_loss_fn("aisrl_none")(old, logp, adv, mask, "token-mean", cfg, w)
+    # verl's own vanilla loss without IS weights is the uncorrected loss: the same number
+    vanilla, _ = verl_algos.get_policy_loss_fn("vanilla")(old, logp, adv, mask, "token-mean", cfg, None)
+    assert torch.allclose(ours, vanilla, atol=1e-6)
+
+
+def test_weights_that_cannot_be_raw_are_explained():
+    old, rollout, logp, adv, mask, w = batch(2)
+    check_raw_weights(w, mask)  # the right configuration passes
+    seq_w = torch.exp((old - rollout).mul(mask).sum(-1, keepdim=True)).expand_as(w) * mask  # rollout_is=sequence
+    for bad, why in [(None, "no rollout_is_weights"), (w.clamp(max=1.05), "truncated at 1.05"),
+                     (torch.where(w > 1.2, 0.0, w), "zeros"), (seq_w, "constant within")]:  # fmt: skip
+        with pytest.raises(ValueError, match=why) as e:
+            check_raw_weights(bad, mask)
+        assert all(s in str(e.value) for s in REQUIRED_SETTINGS)
+    with pytest.raises(ValueError, match="rollout_is_threshold=inf"):
+        verl_algos.get_policy_loss_fn((install(), "ais")[1])(old, logp, adv, mask, "token-mean", CFG, None)
+
+
+def test_verl_external_module_hook_registers_the_losses(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "aisrl.integrations.verl_plugin"}
+    code = "import verl.trainer.ppo.core_algos as c; print(c.get_policy_loss_fn('ais').__name__)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("aisrl_ais_policy_loss")
