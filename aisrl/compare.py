@@ -33,6 +33,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REFERENCE = "reference"
+RECIPES = {
+    "qarl": ["rollout.align=true", "loss=tbpo", "correction.name=none", "correction.mask_errors=true"],
+    "solrl": ["rollout.pool=16", "correction.name=none"],
+}
+"""Methods that are more than a correction: training overrides (QaRL alignment + TBPO + error-token masking;
+Sol-RL: 16 low-precision candidates per prompt, the extremes kept and trained on-policy)."""
 DIAGNOSTICS = ("weight_reliability", "divergence_severity", "variance_amplification")
 TIMES = ("time_rollout", "time_logprob", "time_correction", "time_train", "time_sync")
 
@@ -42,7 +48,7 @@ class CompareConfig:
     preset: str = "lab"
     """Training preset every run starts from (a name in aisrl/presets or a YAML file)."""
     methods: list[str] = field(default_factory=lambda: ["none", "tis", "icepop", "seq_mask", "ais"])
-    """Corrections applied to the low-precision runs (names of aisrl.correction.CORRECTIONS)."""
+    """Methods of the low-precision runs: names of aisrl.correction.CORRECTIONS, or of RECIPES (qarl, solrl)."""
     formats: list[str] = field(default_factory=lambda: ["fp8_e4m3_w8a8", "mxfp4"])
     """Low-precision rollout formats (presets of aisrl.quant.PRESETS)."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
@@ -79,7 +85,8 @@ class Run:
         return Path(out) / self.group / f"seed{self.seed}"
 
     def overrides(self, cfg: CompareConfig) -> list[str]:
-        return [*cfg.train, f"seed={self.seed}", f"rollout.quant={self.fmt}", f"correction.name={self.method}",
+        method = RECIPES.get(self.method, [f"correction.name={self.method}"])
+        return [*cfg.train, f"seed={self.seed}", f"rollout.quant={self.fmt}", *method,
                 f"output_dir={self.path(cfg.out)}"]  # fmt: skip
 
 
@@ -89,8 +96,8 @@ def plan(cfg: CompareConfig) -> list[Run]:
     from aisrl.quant import quant_config
 
     for m in cfg.methods:
-        if m not in CORRECTIONS:
-            raise ValueError(f"unknown correction {m!r}; choose from {sorted(CORRECTIONS)}")
+        if m not in CORRECTIONS and m not in RECIPES:
+            raise ValueError(f"unknown method {m!r}; choose from {sorted(CORRECTIONS) + sorted(RECIPES)}")
     for f in cfg.formats:
         quant_config(f)  # raises with the list of presets
     if not cfg.seeds or not (cfg.methods or cfg.reference):

@@ -159,3 +159,77 @@ def grpo_loss(
             "kl_ref": _div(s_kl_ref, n),
         }
     return loss, {k: v.float() for k, v in metrics.items()}
+
+
+def tbpo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    weights: torch.Tensor | None = None,
+    clip: tuple[float, float] = (0.2, 0.2),
+    dual_clip: float | None = 3.0,
+    agg: str = "seq-mean",
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    horizon: int | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Trust-band policy optimisation (our reading of QaRL's TBPO; docs/qarl.md): a sequence-level objective.
+
+        s_i   = exp( sum_t m_it (logp_it - old_it) / sum_t m_it )      length-normalised sequence ratio
+        l_i   = -min(s_i A_i, clip(s_i, 1 - eps_lo, 1 + eps_hi) A_i)   the trust band clips s_i
+        l_i   = min(l_i, -c A_i)  if A_i < 0                           dual clip (c = dual_clip > 1)
+        loss  = sum_i omega_i l_i / N_seq  (+ kl_coef * token-mean k3(pi || pi_ref))
+
+    omega_i is the masked token mean of the correction weights (1 without a correction). `agg` must be
+    'seq-mean' (the objective is per sequence); `horizon` is accepted for a uniform loss signature."""
+    if agg != "seq-mean":
+        raise ValueError(f"tbpo aggregates per sequence; agg must be 'seq-mean', got {agg!r}")
+    if logp.shape != old_logp.shape or logp.shape != mask.shape or logp.dim() != 2:
+        raise ValueError(f"logp, old_logp and mask must share one (N, T) shape; got {tuple(logp.shape)}, "
+                         f"{tuple(old_logp.shape)}, {tuple(mask.shape)}")  # fmt: skip
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (it bounds the loss of negative advantages), got {dual_clip}")
+    if ref_logp is None and kl_coef:
+        raise ValueError("kl_coef > 0 needs ref_logp (log-probs under the reference policy)")
+    m = mask.detach().to(logp.dtype)  # (N, T)
+    on = m > 0
+    lens = m.sum(-1)  # (N,)
+    seq_on = lens > 0  # (N,)
+    a = adv.detach().to(logp.dtype)
+    a = (a * m).sum(-1) / lens.clamp(min=1) if a.dim() == 2 else a  # (N,)
+    a = torch.where(seq_on, a, 0.0)
+    d = torch.nan_to_num(torch.where(on, logp - old_logp.detach(), 0.0), nan=0.0)  # (N, T)
+    seq_log_ratio = (d.sum(-1) / lens.clamp(min=1)).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)  # (N,)
+    s = seq_log_ratio.exp()  # (N,)
+    lo, hi = clip
+    unclipped, clipped_l = -a * s, -a * s.clamp(1.0 - lo, 1.0 + hi)
+    l_seq = torch.maximum(unclipped, clipped_l)  # (N,)
+    band = (clipped_l > unclipped) & seq_on
+    dual = torch.zeros_like(seq_on)
+    if dual_clip is not None:
+        dual = (a < 0) & (l_seq > -a * dual_clip) & seq_on
+        l_seq = torch.where(a < 0, torch.minimum(l_seq, -a * dual_clip), l_seq)
+    if weights is not None:
+        omega = (torch.where(on, weights.detach().to(logp.dtype), 0.0)).sum(-1) / lens.clamp(min=1)  # (N,)
+        l_seq = l_seq * omega
+    n_seq, n_tok = all_sum(_s(seq_on.double()), _s(m.double()))
+    loss = torch.where(seq_on, l_seq, 0.0).sum() / n_seq.clamp(min=1).to(l_seq.dtype)
+    kl_ref = torch.zeros_like(d)
+    if ref_logp is not None:
+        r = torch.where(on, ref_logp.detach() - logp, 0.0).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)
+        kl_ref = r.exp() - r - 1.0  # (N, T)
+        loss = loss + kl_coef * (kl_ref * m).sum() / n_tok.clamp(min=1).to(l_seq.dtype)
+    loss = loss * world_size()
+    with torch.no_grad():
+        sums = all_sum(_s(band.double()), _s(dual.double()), _s(s.double(), seq_on), _s((d.exp() - 1 - d).double(), on),
+                       _s(kl_ref.double(), on), loss.detach().double())  # fmt: skip
+        metrics = {"loss": sums[5] / world_size(), "pg_clip_frac": _div(sums[0], n_seq),
+                   "pg_dual_clip_frac": _div(sums[1], n_seq), "ratio_mean": _div(sums[2], n_seq),
+                   "approx_kl": _div(sums[3], n_tok), "kl_ref": _div(sums[4], n_tok)}  # fmt: skip
+    return loss, {k: v.float() for k, v in metrics.items()}
+
+
+LOSSES = {"grpo": grpo_loss, "tbpo": tbpo_loss}
+"""Policy losses by name (TrainConfig.loss)."""

@@ -18,6 +18,7 @@ position chunks in `logprobs`, never over a whole (B, T, V) batch.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -56,6 +57,10 @@ class Rollout:
     completion_ids: torch.Tensor  # (B, T) right-padded with pad_id
     completion_mask: torch.Tensor  # (B, T) bool, EOS included
     rollout_logp: torch.Tensor  # (B, T) FP32 log-prob under the processed distribution, 0 where masked
+
+    def select(self, idx: torch.Tensor) -> Rollout:
+        """The rows `idx` (a subset or reordering of the batch)."""
+        return Rollout(*(getattr(self, f.name)[idx] for f in dataclasses.fields(self)))
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -35,6 +35,11 @@ class RolloutConfig:
     """Top-k sampling (0 = off)."""
     max_new_tokens: int = 24
     """Completion length limit."""
+    align: bool = False
+    """QaRL: the trainer's forward runs through the rollout format (straight-through to FP32 master weights)."""
+    pool: int = 0
+    """Sol-RL: sample this many candidates per prompt (> group_size) at the rollout format, keep the top and bottom
+    group_size/2 by reward, rescore them at training precision and train on them as on-policy (0 = off)."""
 
 
 @dataclass
@@ -47,6 +52,8 @@ class CorrectionConfig:
     """AIS: smoothing of alpha across steps (0 = per-batch alpha)."""
     bypass: bool = False
     """Use rollout_logp as old_logp and skip the trainer-side recompute (then every weight is 1)."""
+    mask_errors: bool = False
+    """Drop tokens the error-token detector flags (loops, runs of large log-ratios) from the loss."""
 
 
 @dataclass
@@ -95,8 +102,12 @@ class TrainConfig:
     """PPO clip below 1."""
     clip_high: float = 0.2
     """PPO clip above 1."""
+    loss: str = "grpo"
+    """Policy loss (aisrl.losses.LOSSES): grpo (token-level clipped surrogate) or tbpo (sequence trust band)."""
     agg: str = "token-mean"
-    """Loss aggregation (aisrl.losses.AGGREGATIONS)."""
+    """Aggregation of the grpo loss (aisrl.losses.AGGREGATIONS); tbpo always averages over sequences."""
+    dual_clip: float = 0.0
+    """Dual-clip constant c > 1 for negative advantages (0 = off for grpo; tbpo uses 3 when 0)."""
     grad_clip: float = 1.0
     """Max gradient norm (0 = off)."""
     kl_coef: float = 0.0

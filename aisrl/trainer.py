@@ -14,6 +14,7 @@ Outputs in `output_dir`: metrics.jsonl (one row per step), checkpoints/, report.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import random
 import time
@@ -25,9 +26,11 @@ from aisrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from aisrl.correction import CORRECTIONS, correct
 from aisrl.dist import all_sum, world_size
 from aisrl.lora import apply_lora, merged_state
-from aisrl.losses import AGGREGATIONS, group_advantages, grpo_loss
+from aisrl.losses import AGGREGATIONS, LOSSES, group_advantages
+from aisrl.qarl import align_, error_tokens, set_alignment
 from aisrl.quant import quant_config, quantize_, sync_weights
 from aisrl.rollout import SamplingParams, generate, logprobs
+from aisrl.solrl import select_extremes
 from aisrl.tracking import Tracker
 from aisrl.train_config import TrainConfig
 
@@ -68,6 +71,16 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"unknown correction {cfg.correction.name!r}; choose from {sorted(CORRECTIONS)}")
     if cfg.agg not in AGGREGATIONS:
         raise ValueError(f"unknown agg {cfg.agg!r}; choose from {list(AGGREGATIONS)}")
+    if cfg.loss not in LOSSES:
+        raise ValueError(f"unknown loss {cfg.loss!r}; choose from {sorted(LOSSES)}")
+    if cfg.dual_clip and cfg.dual_clip <= 1:
+        raise ValueError(f"dual_clip must be 0 (off) or > 1, got {cfg.dual_clip}")
+    if cfg.rollout.align and (cfg.rollout.quant == "none" or cfg.lora.r > 0):
+        raise ValueError("rollout.align (QaRL) needs a rollout format (rollout.quant) and full fine-tuning (lora.r=0)")
+    if cfg.rollout.pool and cfg.rollout.pool <= cfg.group_size:
+        raise ValueError(
+            f"rollout.pool (Sol-RL) must exceed group_size={cfg.group_size} or be 0, got {cfg.rollout.pool}"
+        )
     if cfg.rollout.quant != "none":
         quant_config(cfg.rollout.quant)  # raises with the list of presets
     if cfg.group_size < 2:
@@ -119,6 +132,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
         quantize_(rollout, quant_config(cfg.rollout.quant))
     kv_fp8 = getattr(getattr(rollout, "quant_config", None), "kv_cache", False)
     ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+    if cfg.rollout.align:  # QaRL: the trainer computes in the rollout format, gradients reach FP32 weights
+        align_(model, quant_config(cfg.rollout.quant))
     if cfg.lora.r > 0:
         model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.targets, cfg.lora.dropout)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -159,7 +174,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
             row.update(evaluations("_start"))
         # 1. prompts and G rollouts each, from the low-precision copy
         rng = random.Random(cfg.seed * 1_000_003 + step)
-        problems = [p for p in rng.sample(pool, min(B, len(pool))) for _ in range(G)]
+        K = cfg.rollout.pool or G  # candidates sampled per prompt (Sol-RL samples more and keeps G)
+        problems = [p for p in rng.sample(pool, min(B, len(pool))) for _ in range(K)]
         seeds = [(cfg.seed * 1_000_003 + step) * 4096 + i for i in range(len(problems))]
         shard = slice(rank * len(problems) // world, (rank + 1) * len(problems) // world)  # whole groups per rank
         problems, seeds = problems[shard], seeds[shard]
@@ -170,12 +186,15 @@ def train(cfg: TrainConfig, log=print) -> dict:
         # 2. rewards and group advantages
         scored = [task.reward(x, p) for x, p in zip(completion_texts(tok, r), problems, strict=True)]
         rewards = torch.tensor([s[0] for s in scored])
-        adv = group_advantages(rewards, G)
         reward_sum, n_correct, n_samples = all_sum(
             rewards.sum().double(),
             torch.tensor(sum(s[1] for s in scored), dtype=torch.float64),
             torch.tensor(len(scored), dtype=torch.float64),
         )
+        if K != G:  # Sol-RL: keep each prompt's extremes
+            keep = select_extremes(rewards, K, G)
+            r, rewards = r.select(keep), rewards[keep]
+        adv = group_advantages(rewards, G)
         # 3. old_logp at training precision (or bypass), then the correction
         t0 = time.perf_counter()
         if cfg.correction.bypass:
@@ -187,9 +206,16 @@ def train(cfg: TrainConfig, log=print) -> dict:
                                     micro_batch=cfg.micro_batch)  # fmt: skip
             model.train()
         t["time_logprob"] = time.perf_counter() - t0
+        if cfg.rollout.pool:  # Sol-RL rescoring: the kept samples are trained on as on-policy
+            r = dataclasses.replace(r, rollout_logp=old_logp)
         t0 = time.perf_counter()
         res = correct(cfg.correction.name, old_logp, r.rollout_logp, r.completion_mask,
                       **_correction_options(cfg, prev_alpha))  # fmt: skip
+        errors = error_tokens(r.completion_ids, r.completion_mask, old_logp - r.rollout_logp)  # (N, T)
+        (n_err,) = all_sum(errors.sum().double())
+        res.metrics["error_token_frac"] = n_err / res.metrics["num_tokens"].clamp(min=1)
+        if cfg.correction.mask_errors:
+            res = res._replace(mask=res.mask & ~errors, weights=torch.where(errors, 0.0, res.weights))
         t["time_correction"] = time.perf_counter() - t0
         # 4. mu epochs of the clipped loss over micro-batches, one optimizer step per epoch
         t0 = time.perf_counter()
@@ -221,6 +247,8 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, params) -> dict:
     tok_total, seq_total = all_sum(mask.sum().double(), mask.any(1).sum().double())  # global denominators
     totals = {"tok": tok_total.clamp(min=1), "seq": seq_total.clamp(min=1)}
     acc: dict[str, float] = {}
+    agg = "seq-mean" if cfg.loss == "tbpo" else cfg.agg
+    dual_clip = cfg.dual_clip or (3.0 if cfg.loss == "tbpo" else None)
     for _ in range(cfg.epochs):
         opt.zero_grad()
         for s in range(0, n, cfg.micro_batch):
@@ -232,12 +260,13 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, params) -> dict:
                 with torch.no_grad():
                     ref_logp = logprobs(ref, r.prompt_ids[sl], r.prompt_mask[sl], r.completion_ids[sl],
                                         r.completion_mask[sl], params)  # fmt: skip
-            loss, m = grpo_loss(logp, old_logp[sl], adv[sl], mask[sl], weights=res.weights[sl],
-                                clip=(cfg.clip_low, cfg.clip_high), agg=cfg.agg, ref_logp=ref_logp,
-                                kl_coef=cfg.kl_coef, horizon=cfg.rollout.max_new_tokens)  # fmt: skip
+            loss, m = LOSSES[cfg.loss](logp, old_logp[sl], adv[sl], mask[sl], weights=res.weights[sl],
+                                       clip=(cfg.clip_low, cfg.clip_high), dual_clip=dual_clip, agg=agg,
+                                       ref_logp=ref_logp, kl_coef=cfg.kl_coef,
+                                       horizon=cfg.rollout.max_new_tokens)  # fmt: skip
             # micro-batch share of the batch's denominator, so accumulation equals one full-batch loss
             (mb_tok, mb_seq) = all_sum(mask[sl].sum().double(), mask[sl].any(1).sum().double())
-            share = (mb_tok / totals["tok"] if cfg.agg == "token-mean" else mb_seq / totals["seq"]).float()
+            share = (mb_tok / totals["tok"] if agg == "token-mean" else mb_seq / totals["seq"]).float()
             (loss * share).backward()
             for k, v in m.items():
                 acc[k] = acc.get(k, 0.0) + v.item() * share.item() / cfg.epochs
@@ -255,11 +284,14 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, params) -> dict:
 
 @torch.no_grad()
 def evaluate(model, tok, task, encode, problems, params) -> float:
-    """Greedy held-out accuracy."""
+    """Greedy accuracy of the full-precision model (QaRL-aligned layers are switched off for it, so every
+    method is evaluated the same way)."""
     was = model.training
     model.eval()
+    set_alignment(model, False)
     greedy = SamplingParams(params.max_new_tokens, greedy=True)
     r = generate(model, [encode(p) for p in problems], greedy, tokenizer=tok, pad_id=tok.pad_token_id or 0,
                  eos_id=tok.eos_token_id)  # fmt: skip
+    set_alignment(model, True)
     model.train(was)
     return sum(task.reward(x, p)[1] for x, p in zip(completion_texts(tok, r), problems, strict=True)) / len(problems)

@@ -96,7 +96,7 @@ def test_publish_writes_results_and_benchmarks_section(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"methods": ["nope"]}, "unknown correction 'nope'; choose from"),
+        ({"methods": ["nope"]}, "unknown method 'nope'; choose from"),
         ({"formats": ["fp7"]}, "fp7"),
         ({"only": ["int4/ais"]}, "only='int4/ais' is not a group"),
         ({"seeds": []}, "nothing to compare"),
@@ -109,10 +109,22 @@ def test_bad_study_configs_are_named(kwargs, message):
 
 def test_cli_reports_a_bad_method_without_running(tmp_path, capsys):
     assert main(["compare", "methods=[nope]", f"out={tmp_path}"]) == 2
-    assert "unknown correction 'nope'" in capsys.readouterr().err and not list(tmp_path.iterdir())
+    assert "unknown method 'nope'" in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 
 def test_aggregate_only_with_jobs_zero_runs_nothing(tmp_path):
     cfg = CompareConfig(methods=["none"], formats=["int4"], seeds=[0], out=str(tmp_path), jobs=0)
     result = run_study(cfg, log=lambda _: None)
     assert result["groups"]["reference"]["missing"] == [0] and not list(tmp_path.glob("*/seed0"))
+
+
+def test_recipes_become_training_overrides():
+    cfg = CompareConfig(methods=["qarl", "solrl", "ais"], formats=["mxfp4_w4a4"], seeds=[1], reference=False)
+    qarl, solrl, ais = plan(cfg)
+    assert "rollout.align=true" in qarl.overrides(cfg) and "loss=tbpo" in qarl.overrides(cfg)
+    assert "rollout.pool=16" in solrl.overrides(cfg) and "correction.name=ais" in ais.overrides(cfg)
+    from aisrl.train_config import load_config
+
+    for run in (qarl, solrl, ais):  # every recipe is a valid training config
+        c = load_config("lab", run.overrides(cfg))
+        assert c.rollout.quant == "mxfp4_w4a4" and c.seed == 1

@@ -146,3 +146,37 @@ def test_non_finite_log_ratio_at_a_counted_token_does_not_poison_the_loss():
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
     assert all(torch.isfinite(v) for v in m.values())
+
+
+def test_tbpo_matches_its_formula_on_hand_made_inputs():
+    from aisrl.losses import LOSSES, tbpo_loss
+
+    assert LOSSES["tbpo"] is tbpo_loss
+    old = torch.zeros(4, 3)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [0, 0, 0]], dtype=torch.bool)
+    # mean log-ratios per sequence: 0.1, ln 2 (ratio 2), ln 0.1 (ratio 0.1), empty
+    logp = torch.tensor([[0.05, 0.15, 9.0], [math.log(2)] * 3, [math.log(0.1), 5.0, 5.0], [1.0, 1.0, 1.0]])
+    logp.requires_grad_(True)
+    adv = torch.tensor([1.0, -1.0, -2.0, 5.0])
+    loss, m = tbpo_loss(logp, old, adv, mask, clip=(0.2, 0.2), dual_clip=3.0)
+    s0, s1, s2 = math.exp(0.1), 2.0, 0.1
+    l0 = -min(s0 * 1.0, min(s0, 1.2) * 1.0)  # inside the band: -s0
+    l1 = min(max(1.0 * s1, 1.0 * 1.2), 3.0)  # A = -1: max(2, 1.2) = 2, under the dual bound 3
+    l2 = min(max(2.0 * s2, 2.0 * 0.8), 3.0 * 2.0)  # A < 0, ratio below the band: max(0.2, 1.6) = 1.6
+    assert loss.item() == pytest.approx((l0 + l1 + l2) / 3, rel=1e-6)
+    assert m["pg_clip_frac"].item() == pytest.approx(1 / 3) and m["pg_dual_clip_frac"].item() == 0
+    # dual clip binds when the ratio is large and the advantage negative: s = e^2, A = -1 -> min(e^2, 3) = 3
+    big = torch.full((1, 2), 2.0, requires_grad=True)
+    loss_d, m_d = tbpo_loss(big, torch.zeros(1, 2), torch.tensor([-1.0]), torch.ones(1, 2, dtype=torch.bool))
+    assert loss_d.item() == pytest.approx(3.0) and m_d["pg_dual_clip_frac"].item() == 1.0
+    loss_d.backward()
+    assert torch.equal(big.grad, torch.zeros(1, 2))  # the dual clip is flat
+    # gradient of an unclipped sequence: d(-A s)/d logp_t = -A s / |o|
+    loss.backward()
+    assert torch.allclose(logp.grad[0, :2], torch.full((2,), -s0 / 2 / 3)) and logp.grad[0, 2] == 0
+    # sequence weights: the masked mean of token weights multiplies each sequence's term
+    w = torch.tensor([[2.0, 4.0, 100.0], [1.0, 1.0, 1.0], [0.5, 9.0, 9.0], [1.0, 1.0, 1.0]])
+    lw, _ = tbpo_loss(logp.detach(), old, adv, mask, weights=w, dual_clip=3.0)
+    assert lw.item() == pytest.approx((3.0 * l0 + l1 + 0.5 * l2) / 3, rel=1e-6)
+    with pytest.raises(ValueError, match="agg must be 'seq-mean'"):
+        tbpo_loss(logp, old, adv, mask, agg="token-mean")

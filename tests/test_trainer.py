@@ -88,7 +88,7 @@ save_checkpoint({str(tmp_path)!r}, 2, m, torch.optim.AdamW(m.parameters()), {{}}
         (["max_steps=three"], "config key 'max_steps' expects int"),
         (["correction.name=magic"], "unknown correction 'magic'; choose from"),
         (["task=chess", "model.name=smollm2"], "unknown task 'chess'; choose from"),
-        (["task=jsonl", "dataset=missing.jsonl", "model.name=smollm2"], "dataset file 'missing.jsonl' not found"),
+        (["task=jsonl", "dataset=missing.jsonl", "model.name=smollm2"], "dataset 'missing.jsonl' not found"),
         (["rollout.quant=fp9"], "unknown quantisation preset 'fp9'"),
     ],
 )

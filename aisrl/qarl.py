@@ -1,0 +1,114 @@
+"""QaRL's two answers to low-bit rollouts: align the trainer with the rollout, and find degenerate tokens.
+
+Rollout alignment (QaRL, quantisation-aware RL). Instead of correcting the mismatch between a quantised
+rollout policy mu and a full-precision trainer pi, remove it: the trainer's forward pass runs through the
+same fake-quantised weights (and activation quantisation) as the rollout copy,
+
+    y = q_a(x) @ q_w(W)^T + b,      q(v) = v + (quant(v) - v).detach()      (straight-through estimator)
+
+so pi and mu are the same function of the same numbers (log-probs agree up to kernel and KV-cache noise),
+while gradients reach the full-precision master weights W unchanged (d q(W) / dW = I). `align_(model, cfg)`
+does this in place by re-classing each targeted nn.Linear; parameter names and state dicts are unchanged,
+so checkpoints, LoRA merging and `sync_weights` work as before.
+
+Error-token detector. QaRL reports that low-bit rollouts of long answers degenerate into loops and garbled
+tokens. `error_tokens` flags, per token, (a) periodic loops: a token that repeats the one `p` positions back
+for at least `min_loop` consecutive positions, for some period p <= max_period, and (b) runs of at least
+`min_run` consecutive tokens whose |log pi - log mu| exceeds `ratio_threshold` (the rollout and the trainer
+disagree for a stretch, the signature of a low-bit derailment). The trainer logs the flagged fraction and can
+drop flagged tokens from the loss (`correction.mask_errors`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from aisrl.quant import ACT_FORMATS, WEIGHT_FORMATS, QuantConfig, _is_head
+
+
+def _ste(v: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    return v + (q - v).detach()
+
+
+class AlignedLinear(nn.Linear):
+    """nn.Linear whose forward sees the rollout format's fake-quantised weight and input (straight-through)."""
+
+    qcfg: QuantConfig
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cfg = self.qcfg
+        if not getattr(self, "aligned", True):  # set_alignment(model, False): plain full precision
+            return nn.functional.linear(x, self.weight, self.bias)
+        with torch.no_grad():
+            wq = WEIGHT_FORMATS[cfg.format](self.weight.detach().float(), cfg).to(self.weight.dtype)
+        w = _ste(self.weight, wq)
+        if cfg.activations:
+            with torch.no_grad():
+                xq = ACT_FORMATS[cfg.format](x.detach().float()).to(x.dtype)
+            x = _ste(x, xq)
+        return nn.functional.linear(x, w, self.bias)
+
+
+def align_(model: nn.Module, cfg: QuantConfig) -> nn.Module:
+    """Make `model`'s linear layers compute in the rollout format `cfg` with straight-through gradients
+    (the layers `quantize_` would quantise: all but the output head unless cfg.lm_head). In place."""
+    n = 0
+    for name, mod in model.named_modules():
+        if type(mod) is nn.Linear and (cfg.lm_head or not _is_head(name, model)):
+            mod.__class__ = AlignedLinear
+            mod.qcfg = cfg
+            n += 1
+    if n == 0:
+        raise ValueError("align_ found no nn.Linear layers to align in this model")
+    return model
+
+
+def set_alignment(model: nn.Module, enabled: bool) -> None:
+    """Switch aligned layers between the rollout format and plain full precision (e.g. for evaluation)."""
+    for mod in model.modules():
+        if isinstance(mod, AlignedLinear):
+            mod.aligned = enabled
+
+
+def error_tokens(
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    log_ratio: torch.Tensor | None = None,
+    *,
+    max_period: int = 8,
+    min_loop: int = 12,
+    ratio_threshold: float = 1.0,
+    min_run: int = 4,
+) -> torch.Tensor:
+    """(N, T) bool: tokens inside a periodic loop or a run of large rollout/trainer log-ratios."""
+    mask = mask.bool()
+    n, t = ids.shape
+    flags = torch.zeros_like(mask)
+    for p in range(1, min(max_period, t - 1) + 1):
+        same = torch.zeros_like(mask)
+        same[:, p:] = (ids[:, p:] == ids[:, :-p]) & mask[:, p:] & mask[:, :-p]  # (N, T): repeats p back
+        flags |= _runs_at_least(same, min_loop, extend_back=p)
+    if log_ratio is not None:
+        big = (log_ratio.abs() > ratio_threshold) & mask
+        flags |= _runs_at_least(big, min_run)
+    return flags & mask
+
+
+def _runs_at_least(x: torch.Tensor, k: int, extend_back: int = 0) -> torch.Tensor:
+    """Positions inside runs of >= k consecutive True values along the last dim (plus `extend_back`
+    positions before each run: the first period of a loop is part of it)."""
+    n, t = x.shape
+    out = torch.zeros_like(x)
+    xs = x.tolist()
+    for i in range(n):
+        start = None
+        for j in range(t + 1):
+            on = j < t and xs[i][j]
+            if on and start is None:
+                start = j
+            elif not on and start is not None:
+                if j - start >= k:
+                    out[i, max(0, start - extend_back) : j] = True
+                start = None
+    return out

@@ -1,0 +1,30 @@
+"""Sol-RL's selection: explore cheaply at low precision, train on the few samples that teach the most.
+
+Sol-RL (FP4 explore, high-precision train) samples a large candidate pool per prompt with a cheap rollout
+format, keeps the most informative samples, and trains on them at high precision. Here: K candidates per
+prompt from the quantised rollout copy; per prompt the G/2 lowest-reward and G - G/2 highest-reward
+candidates are kept (the extremes carry the largest group-normalised advantages, the strongest contrast);
+they are then rescored at training precision and trained on as on-policy samples (their rollout log-probs
+are replaced by the trainer's, so no mismatch correction applies). The selection itself biases the gradient
+towards the extremes; that is the method's bet, measured in the comparison study, not corrected here.
+Extra cost: K / G times the rollout work, reported as time_rollout.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def select_extremes(rewards: torch.Tensor, pool: int, keep: int) -> torch.Tensor:
+    """Indices into `rewards` ((B * pool,), grouped by prompt) of the keep // 2 lowest and keep - keep // 2
+    highest rewards of each prompt's pool, in prompt order (a stable sort: among equal rewards the low end takes
+    earlier candidates, the high end later ones)."""
+    if rewards.dim() != 1 or rewards.numel() % pool:
+        raise ValueError(f"rewards must be (B * pool,) with pool={pool}; got shape {tuple(rewards.shape)}")
+    if not 2 <= keep <= pool:
+        raise ValueError(f"keep must be in [2, pool={pool}], got {keep}")
+    r = rewards.view(-1, pool)  # (B, K)
+    order = torch.sort(r, dim=1, stable=True).indices  # (B, K) ascending
+    low, high = keep // 2, keep - keep // 2
+    chosen = torch.cat([order[:, :low], order[:, pool - high :]], dim=1)  # (B, keep)
+    return (chosen + torch.arange(r.shape[0])[:, None] * pool).reshape(-1)

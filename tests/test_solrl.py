@@ -1,0 +1,43 @@
+"""Sol-RL selection keeps each prompt's lowest and highest rewards, and the trainer runs with it."""
+
+import json
+
+import pytest
+import torch
+from conftest import TINY_LAB
+
+from aisrl.solrl import select_extremes
+from aisrl.train_config import load_config
+from aisrl.trainer import train
+
+
+def test_select_extremes_keeps_bottom_and_top_per_prompt():
+    rewards = torch.tensor([0.5, 1.5, 0.0, 1.0, 0.5, 1.5,   # prompt 0: pool of 6
+                            1.0, 1.0, 1.0, 1.0, 0.0, 1.0])  # prompt 1: ties broken by position  # fmt: skip
+    idx = select_extremes(rewards, pool=6, keep=4)
+    assert idx.tolist() == [2, 0, 1, 5, 10, 6, 9, 11]  # 2 lowest then 2 highest of each prompt
+    assert select_extremes(rewards, pool=6, keep=3).tolist() == [2, 1, 5, 10, 9, 11]
+    with pytest.raises(ValueError, match="keep must be in"):
+        select_extremes(rewards, pool=6, keep=7)
+    with pytest.raises(ValueError, match="pool=5"):
+        select_extremes(rewards, pool=5, keep=2)
+
+
+def test_trainer_with_solrl_pool_and_qarl_tbpo_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    out = tmp_path / "solrl"
+    train(load_config("lab", [*TINY_LAB, "max_steps=2", "rollout.pool=8", "correction.name=ais", f"output_dir={out}"]),
+          log=lambda _: None)  # fmt: skip
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["num_seqs"] for r in rows] == [16.0, 16.0]  # 4 prompts x group 4 kept out of 4 x 8 sampled
+    assert all(r["k3_kl"] == 0 and r["alpha"] == 0 for r in rows)  # rescored: trained as on-policy
+    out = tmp_path / "qarl"
+    train(load_config("lab", [*TINY_LAB, "max_steps=2", "rollout.align=true", "loss=tbpo", "correction.name=none",
+                              "rollout.quant=mxfp4_w4a4", f"output_dir={out}"]), log=lambda _: None)  # fmt: skip
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["k3_kl"] < 1e-9 and "error_token_frac" in r and r["grad_norm"] > 0 for r in rows)
+    with pytest.raises(ValueError, match="rollout.align"):
+        train(load_config("lab", [*TINY_LAB, "rollout.align=true", "rollout.quant=none", f"output_dir={out}x"]))
+    with pytest.raises(ValueError, match="unknown loss 'ppo'"):
+        train(load_config("lab", [*TINY_LAB, "loss=ppo", f"output_dir={out}y"]))
