@@ -221,7 +221,19 @@ def summarize_run(rows: list[dict], collapse_fraction: float) -> dict:
     for key in ("alpha", *DIAGNOSTICS, "k3_kl", "ess"):
         out[key] = [r.get(key) for r in rows]
         out[f"{key}_early"], out[f"{key}_late"] = _fifths(rows, key)
+    out["alpha_kl_corr"] = _corr(out["alpha"], out["k3_kl"])  # does alpha move with the mismatch?
     return out
+
+
+def _corr(xs: list, ys: list) -> float | None:
+    """Pearson correlation over the steps where both are numbers (None if undefined)."""
+    pairs = [(x, y) for x, y in zip(xs, ys, strict=True) if x is not None and y is not None]
+    if len(pairs) < 3:
+        return None
+    try:
+        return statistics.correlation(*zip(*pairs, strict=True))
+    except statistics.StatisticsError:  # a constant series
+        return None
 
 
 def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
@@ -239,7 +251,8 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
     for g in groups.values():
         rs = list(g["runs"].values())
         for key in ("eval_start", "eval_final", "eval_best", "fit_start", "fit_final", "seconds_per_step",
-                    "alpha_early", "alpha_late", "k3_kl_early", "k3_kl_late", "ess_early", "ess_late"):  # fmt: skip
+                    "alpha_early", "alpha_late", "k3_kl_early", "k3_kl_late", "ess_early", "ess_late",
+                    "alpha_kl_corr"):  # fmt: skip
             g[key] = _mean_std([r[key] for r in rs])
         g["reward_last_fifth"] = _mean_std([_fifths([{"r": x} for x in r["reward"]], "r")[1] for r in rs])
         g["collapses"] = sum(r["collapsed"] for r in rs)

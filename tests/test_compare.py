@@ -69,6 +69,9 @@ def test_summaries_and_aggregation_match_hand_computed_values(tmp_path):
     assert one["collapsed"]  # 0.1 < 0.5 * 0.4
     assert one["k3_kl_early"] == pytest.approx(0.15) and one["k3_kl_late"] == pytest.approx(0.95)
     assert one["time_share"]["time_rollout"] == pytest.approx(0.6) and one["seconds_per_step"] == pytest.approx(5)
+    assert one["alpha_kl_corr"] is None  # no alpha in a tis run
+    alpha_rows = [dict(r, alpha=0.5 + r["k3_kl"]) for r in seeds[0]]
+    assert summarize_run(alpha_rows, 0.5)["alpha_kl_corr"] == pytest.approx(1.0)
     g = aggregate(cfg, plan(cfg), max_steps=10)["groups"]["mxfp4/tis"]
     assert g["collapses"] == 1 and g["missing"] == []  # seed 1: 0.35 >= 0.5 * 0.35
     assert g["eval_final"] == pytest.approx((0.225, statistics.stdev([0.1, 0.35])))
