@@ -1,0 +1,187 @@
+"""Masked-diffusion language models (LLaDA-style): a tiny model, block-wise generation, d1 log-probs.
+
+The AIS paper's headline policy is LLaDA-8B-Instruct trained with GRPO on the d1 recipe. A masked-diffusion
+LM is a bidirectional transformer that predicts every masked position at once: `model(x).logits` with x the
+prompt followed by [MASK] tokens.
+
+Generation (LLaDA, Nie et al. 2025; d1, Zhao et al. 2025). The completion (gen_length positions) starts
+fully masked and is split into blocks of block_length, decoded left to right. Each block gets
+steps / num_blocks denoising steps; its n masked positions are committed on a schedule: n // s tokens per
+step, the first n % s steps one more. At a step the model predicts every position, a token is sampled at
+each masked position of the current block (temperature; 0 = argmax), and the k most confident predictions
+are committed (remasking='low_confidence': confidence = the model's untempered probability of the sampled
+token; 'random': a uniform draw). Positions after the current block stay masked.
+
+Log-probs (diffu-GRPO, d1). The sequence likelihood of a diffusion LM is intractable; d1 estimates
+per-token log-probs with one forward pass on a perturbed input: every completion token masked, each prompt
+token masked with probability p_mask, then log p(o_t | perturbed input) at the completion positions. The
+prompt masking draws come from a seed that the rollout-side and the trainer-side evaluations share, so the
+importance ratio compares the two models on the same input, and identical models give weights of exactly 1.
+
+A real LLaDA checkpoint directory (Hugging Face remote-code format) loads with `load_diffusion_model(path)`;
+nothing is downloaded. `tiny_diffusion_model` builds the small random model of the tests and the lab; its
+projections are nn.Linear, so `aisrl.quant.quantize_` makes a low-precision rollout copy of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(d, d, bias=False) for _ in range(4))
+        self.up_proj, self.down_proj = nn.Linear(d, 4 * d, bias=False), nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, h: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+        b, t, d = h.shape
+        x = self.norm1(h)
+        q, k, v = (p(x).view(b, t, self.heads, d // self.heads).transpose(1, 2) for p in
+                   (self.q_proj, self.k_proj, self.v_proj))  # fmt: skip
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # bidirectional: no causal mask
+        h = h + self.o_proj(att.transpose(1, 2).reshape(b, t, d))
+        return h + self.down_proj(F.gelu(self.up_proj(self.norm2(h))))
+
+
+class MaskedDiffusionLM(nn.Module):
+    """A small bidirectional transformer: token + learned position embeddings, pre-norm blocks, a head."""
+
+    def __init__(self, vocab_size: int, mask_token_id: int, hidden: int = 64, layers: int = 2, heads: int = 4,
+                 max_len: int = 256):  # fmt: skip
+        super().__init__()
+        self.mask_token_id, self.max_len = mask_token_id, max_len
+        self.embed = nn.Embedding(vocab_size, hidden)
+        self.pos = nn.Embedding(max_len, hidden)
+        self.blocks = nn.ModuleList(_Block(hidden, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(hidden)
+        self.lm_head = nn.Linear(hidden, vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        t = input_ids.shape[1]
+        if t > self.max_len:
+            raise ValueError(f"sequence of {t} tokens exceeds the model's max_len={self.max_len}")
+        h = self.embed(input_ids) + self.pos(torch.arange(t, device=input_ids.device))
+        keep = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T) keys
+        for blk in self.blocks:
+            h = blk(h, keep)
+        return SimpleNamespace(logits=self.lm_head(self.norm(h)))
+
+
+def tiny_diffusion_model(vocab_size: int, mask_token_id: int, hidden: int = 64, layers: int = 2, heads: int = 4,
+                         max_len: int = 256, seed: int = 0) -> MaskedDiffusionLM:  # fmt: skip
+    torch.manual_seed(seed)
+    return MaskedDiffusionLM(vocab_size, mask_token_id, hidden, layers, heads, max_len).eval()
+
+
+def load_diffusion_model(path: str, dtype: torch.dtype = torch.float32):
+    """A local LLaDA-style checkpoint directory (remote code included in the directory); no downloads."""
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"{path!r} is not a directory; pass a local LLaDA checkpoint directory")
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(path, trust_remote_code=True, local_files_only=True, dtype=dtype).eval()
+
+
+@dataclass
+class DiffusionParams:
+    gen_length: int = 32
+    """Completion positions (a multiple of block_length)."""
+    block_length: int = 8
+    """Positions decoded together, left to right block by block."""
+    steps: int = 16
+    """Denoising steps in total (a multiple of the number of blocks)."""
+    temperature: float = 1.0
+    """Sampling temperature of the committed tokens (0 = argmax)."""
+    remasking: str = "low_confidence"
+    """Which predictions to commit first: 'low_confidence' (most probable first) or 'random'."""
+
+    def __post_init__(self):
+        if self.gen_length % self.block_length:
+            raise ValueError(f"gen_length={self.gen_length} must be a multiple of block_length={self.block_length}")
+        blocks = self.gen_length // self.block_length
+        if self.steps % blocks or self.steps < blocks:
+            raise ValueError(f"steps={self.steps} must be a positive multiple of the number of blocks ({blocks})")
+        if self.remasking not in ("low_confidence", "random"):
+            raise ValueError(f"unknown remasking {self.remasking!r}; choose from ['low_confidence', 'random']")
+
+
+def transfer_schedule(n_masked: torch.Tensor, steps: int) -> torch.Tensor:
+    """(B,) masked counts -> (B, steps) tokens to commit per step: n // steps each, the first n % steps +1."""
+    base = n_masked[:, None] // steps
+    extra = (torch.arange(steps)[None] < (n_masked % steps)[:, None]).long()
+    return base + extra  # (B, steps)
+
+
+@torch.no_grad()
+def diffusion_generate(model, prompts: list[list[int]], params: DiffusionParams, *, mask_id: int, pad_id: int = 0,
+                       seeds: list[int] | None = None, trace: list | None = None):  # fmt: skip
+    """(x (B, P + gen_length) with the prompts left-padded, attention mask (B, P + gen_length)).
+
+    `trace`, if a list, receives one (block, step, committed (B, L) bool) entry per step (for tests)."""
+    b, p, g = len(prompts), max(map(len, prompts)), params.gen_length
+    x = torch.full((b, p + g), mask_id, dtype=torch.long)
+    attn = torch.ones(b, p + g, dtype=torch.bool)
+    for i, ids in enumerate(prompts):
+        x[i, : p - len(ids)] = pad_id
+        attn[i, : p - len(ids)] = False
+        x[i, p - len(ids) : p] = torch.tensor(ids)
+    gens = [torch.Generator().manual_seed(s) for s in (seeds or range(b))]
+    blocks = g // params.block_length
+    per_block = params.steps // blocks
+    for blk in range(blocks):
+        lo, hi = p + blk * params.block_length, p + (blk + 1) * params.block_length
+        schedule = transfer_schedule((x[:, lo:hi] == mask_id).sum(-1), per_block)  # (B, per_block)
+        for step in range(per_block):
+            logits = model(x, attention_mask=attn).logits.float()  # (B, L, V)
+            masked = x == mask_id
+            masked[:, :lo] = False
+            masked[:, hi:] = False  # only the current block may be committed
+            probs = logits.softmax(-1)  # (B, L, V) untempered: the confidence of low-confidence remasking
+            x0, conf = torch.empty_like(x), torch.empty(x.shape)
+            for i in range(b):
+                if params.temperature > 0:
+                    tempered = (logits[i] / params.temperature).softmax(-1)  # (L, V)
+                    x0[i] = torch.multinomial(tempered, 1, generator=gens[i]).squeeze(-1)
+                else:
+                    x0[i] = logits[i].argmax(-1)
+                if params.remasking == "low_confidence":
+                    conf[i] = probs[i].gather(-1, x0[i][:, None]).squeeze(-1)
+                else:
+                    conf[i] = torch.rand(x.shape[1], generator=gens[i])
+            conf = torch.where(masked, conf, -torch.inf)
+            commit = torch.zeros_like(masked)
+            for i in range(b):
+                k = int(schedule[i, step])
+                if k:
+                    commit[i, conf[i].topk(k).indices] = True
+            x = torch.where(commit, x0, x)
+            if trace is not None:
+                trace.append((blk, step, commit.clone()))
+    return x, attn
+
+
+def diffusion_logprobs(model, x: torch.Tensor, attn: torch.Tensor, prompt_len: int, completion_mask: torch.Tensor,
+                       *, mask_id: int, p_mask: float = 0.15, seed: int = 0) -> torch.Tensor:  # fmt: skip
+    """(B, T) d1 log-probs of the completion tokens x[:, prompt_len:] (0 where completion_mask is False).
+
+    One forward pass on x with every completion position masked and each real prompt token masked with
+    probability p_mask, drawn from torch.Generator seeded with `seed` (share it between rollout and trainer)."""
+    g = torch.Generator().manual_seed(seed)
+    draws = torch.rand(x.shape[0], prompt_len, generator=g)  # (B, P)
+    noisy = x.clone()
+    prompt_masked = (draws < p_mask) & attn[:, :prompt_len]
+    noisy[:, :prompt_len] = torch.where(prompt_masked, mask_id, x[:, :prompt_len])
+    noisy[:, prompt_len:] = mask_id
+    logits = model(noisy, attention_mask=attn).logits[:, prompt_len:].float()  # (B, T, V)
+    target = x[:, prompt_len:]
+    logp = logits.log_softmax(-1).gather(-1, target[..., None]).squeeze(-1)  # (B, T)
+    return torch.where(completion_mask, logp, 0.0)

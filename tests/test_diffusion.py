@@ -1,0 +1,111 @@
+"""Masked-diffusion LM: block-wise generation follows its schedule, d1 log-probs are deterministic and match a
+hand computation on a toy model, identical rollout/trainer models give weights of exactly 1."""
+
+import copy
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from aisrl.correction import correct
+from aisrl.diffusion import (
+    DiffusionParams,
+    diffusion_generate,
+    diffusion_logprobs,
+    tiny_diffusion_model,
+    transfer_schedule,
+)
+from aisrl.quant import quant_config, quantize_
+
+V, MASK = 24, 23
+
+
+def test_transfer_schedule_spreads_the_remainder_over_the_first_steps():
+    assert transfer_schedule(torch.tensor([8, 7, 2]), 3).tolist() == [[3, 3, 2], [3, 2, 2], [1, 1, 0]]
+
+
+@pytest.mark.parametrize("remasking", ["low_confidence", "random"])
+def test_generation_commits_the_scheduled_tokens_inside_the_current_block_only(remasking):
+    model = tiny_diffusion_model(V, MASK, hidden=32, layers=1, max_len=64)
+    params = DiffusionParams(gen_length=12, block_length=4, steps=9, temperature=1.0, remasking=remasking)
+    prompts = [[1, 2, 3, 4, 5], [6, 7]]
+    trace = []
+    x, attn = diffusion_generate(model, prompts, params, mask_id=MASK, seeds=[0, 1], trace=trace)
+    p = 5
+    assert len(trace) == 9 and x.shape == (2, p + 12)
+    assert attn[1].tolist() == [False] * 3 + [True] * 14 and x[1, 3:5].tolist() == [6, 7]
+    for blk, step, commit in trace:
+        lo, hi = p + 4 * blk, p + 4 * blk + 4
+        assert not commit[:, :lo].any() and not commit[:, hi:].any()  # never outside the current block
+        assert commit.sum(-1).tolist() == [[2, 1, 1][step]] * 2  # 4 masked over 3 steps: 2, 1, 1
+    assert not (x[:, p:] == MASK).any()  # everything was committed
+    # deterministic under the seeds, and the seed of one row does not depend on its batch-mates
+    again, _ = diffusion_generate(model, prompts, params, mask_id=MASK, seeds=[0, 1])
+    alone, _ = diffusion_generate(model, prompts[:1], params, mask_id=MASK, seeds=[0])
+    assert torch.equal(x, again) and torch.equal(alone[0], x[0])
+
+
+class Toy(torch.nn.Module):
+    """logits[b, i, v] = 2 [v == x_bi] + 1 [v == 3] [x_bi == MASK] + 0.5 [v == 4] * (#masked prompt tokens of b)."""
+
+    def __init__(self, prompt_len):
+        super().__init__()
+        self.p = prompt_len
+
+    def forward(self, x, attention_mask=None):
+        onehot = torch.nn.functional.one_hot(x, V).float()  # (B, L, V)
+        logits = 2 * onehot
+        logits[..., 3] += (x == MASK).float()
+        logits[..., 4] += 0.5 * (x[:, : self.p] == MASK).sum(-1, keepdim=True).float()
+        return SimpleNamespace(logits=logits)
+
+
+def test_d1_logprobs_match_a_hand_computation_and_are_seeded():
+    p, t = 6, 3
+    x = torch.tensor([[5, 6, 7, 8, 9, 10, 3, 4, 11], [0, 0, 7, 8, 9, 10, 12, 3, 0]])
+    attn = torch.ones_like(x, dtype=torch.bool)
+    attn[1, :2] = False  # left padding: never masked
+    cmask = torch.tensor([[True, True, True], [True, True, False]])
+    got = diffusion_logprobs(Toy(p), x, attn, p, cmask, mask_id=MASK, p_mask=0.5, seed=7)
+    # by hand: which prompt tokens the seed masks, then the toy's softmax at each (all-masked) completion slot
+    draws = torch.rand(2, p, generator=torch.Generator().manual_seed(7))
+    n_masked = ((draws < 0.5) & attn[:, :p]).sum(-1).tolist()
+    for b in range(2):
+        row = [0.0] * V
+        row[MASK] += 2
+        row[3] += 1
+        row[4] += 0.5 * n_masked[b]
+        log_z = math.log(sum(math.exp(v) for v in row))
+        for j in range(t):
+            want = row[int(x[b, p + j])] - log_z if cmask[b, j] else 0.0
+            assert got[b, j].item() == pytest.approx(want, abs=1e-6)
+    assert torch.equal(got, diffusion_logprobs(Toy(p), x, attn, p, cmask, mask_id=MASK, p_mask=0.5, seed=7))
+    other = diffusion_logprobs(Toy(p), x, attn, p, cmask, mask_id=MASK, p_mask=0.5, seed=8)
+    assert not torch.equal(got, other)  # another seed masks other prompt tokens (the toy counts them)
+
+
+def test_identical_models_give_weights_of_exactly_one_and_a_quantised_copy_does_not():
+    model = tiny_diffusion_model(V, MASK, hidden=32, layers=2, max_len=64)
+    params = DiffusionParams(gen_length=8, block_length=4, steps=4)
+    x, attn = diffusion_generate(model, [[1, 2, 3], [4, 5, 6]], params, mask_id=MASK, seeds=[3, 4])
+    cmask = torch.ones(2, 8, dtype=torch.bool)
+    trainer = copy.deepcopy(model)
+    old = diffusion_logprobs(trainer, x, attn, 3, cmask, mask_id=MASK, seed=11)
+    same = diffusion_logprobs(model, x, attn, 3, cmask, mask_id=MASK, seed=11)
+    for name in ("tis", "ais"):
+        res = correct(name, old, same, cmask)
+        assert torch.equal(res.weights, torch.ones_like(old)), name
+    rollout = quantize_(copy.deepcopy(model), quant_config("mxfp4_w4a4"))
+    low = diffusion_logprobs(rollout, x, attn, 3, cmask, mask_id=MASK, seed=11)
+    res = correct("ais", old, low, cmask)
+    assert res.metrics["k3_kl"] > 0 and not torch.equal(res.weights, torch.ones_like(old))
+
+
+def test_bad_generation_parameters_are_named():
+    with pytest.raises(ValueError, match="multiple of block_length"):
+        DiffusionParams(gen_length=10, block_length=4)
+    with pytest.raises(ValueError, match="multiple of the number of blocks"):
+        DiffusionParams(gen_length=8, block_length=4, steps=3)
+    with pytest.raises(ValueError, match="unknown remasking 'best'"):
+        DiffusionParams(remasking="best")
