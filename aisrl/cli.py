@@ -72,7 +72,7 @@ def _compare(args) -> int:
 
 def _eval(args) -> int:
     from aisrl.checkpoint import latest_checkpoint
-    from aisrl.trainer import build, evaluate
+    from aisrl.trainer import build, evaluate, make_policy
 
     cfg = _train_config(args)
     ckpt = latest_checkpoint(cfg.output_dir)
@@ -92,10 +92,9 @@ def _eval(args) -> int:
             f"{ckpt} does not fit this model; pass the model.* and lora.* settings used for training "
             f"({str(e).splitlines()[0]})"
         ) from e
-    from aisrl.rollout import SamplingParams
 
     held = task.problems("test", cfg.eval_problems, seed=cfg.seed + 1)
-    acc = evaluate(model, tok, task, encode, held, SamplingParams(cfg.rollout.max_new_tokens))
+    acc = evaluate(model, tok, task, encode, held, make_policy(cfg, tok))
     print(f"{ckpt}: held-out greedy accuracy {acc:.3f} on {len(held)} problems")
     return 0
 

@@ -17,6 +17,8 @@ per-token log-probs with one forward pass on a perturbed input: every completion
 token masked with probability p_mask, then log p(o_t | perturbed input) at the completion positions. The
 prompt masking draws come from a seed that the rollout-side and the trainer-side evaluations share, so the
 importance ratio compares the two models on the same input, and identical models give weights of exactly 1.
+The draws are per (left-padded) position and shared by the rows of a batch, so a micro-batch is perturbed
+exactly as it is inside the whole batch.
 
 A real LLaDA checkpoint directory (Hugging Face remote-code format) loads with `load_diffusion_model(path)`;
 nothing is downloaded. `tiny_diffusion_model` builds the small random model of the tests and the lab; its
@@ -142,27 +144,23 @@ def diffusion_generate(model, prompts: list[list[int]], params: DiffusionParams,
         schedule = transfer_schedule((x[:, lo:hi] == mask_id).sum(-1), per_block)  # (B, per_block)
         for step in range(per_block):
             logits = model(x, attention_mask=attn).logits.float()  # (B, L, V)
+            logits[..., mask_id] = -torch.inf  # a committed token is never [MASK]
             masked = x == mask_id
             masked[:, :lo] = False
             masked[:, hi:] = False  # only the current block may be committed
             probs = logits.softmax(-1)  # (B, L, V) untempered: the confidence of low-confidence remasking
-            x0, conf = torch.empty_like(x), torch.empty(x.shape)
-            for i in range(b):
-                if params.temperature > 0:
-                    tempered = (logits[i] / params.temperature).softmax(-1)  # (L, V)
-                    x0[i] = torch.multinomial(tempered, 1, generator=gens[i]).squeeze(-1)
-                else:
-                    x0[i] = logits[i].argmax(-1)
-                if params.remasking == "low_confidence":
-                    conf[i] = probs[i].gather(-1, x0[i][:, None]).squeeze(-1)
-                else:
-                    conf[i] = torch.rand(x.shape[1], generator=gens[i])
+            u = torch.stack([torch.rand(2, x.shape[1], generator=gen) for gen in gens])  # (B, 2, L) per-row draws
+            if params.temperature > 0:  # inverse-CDF sampling: row i's draws depend only on its own seed
+                cdf = (logits / params.temperature).softmax(-1).cumsum(-1)  # (B, L, V)
+                x0 = torch.searchsorted(cdf, u[:, 0, :, None]).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+            else:
+                x0 = logits.argmax(-1)  # (B, L)
+            low_conf = params.remasking == "low_confidence"
+            conf = probs.gather(-1, x0[..., None]).squeeze(-1) if low_conf else u[:, 1]  # (B, L)
             conf = torch.where(masked, conf, -torch.inf)
-            commit = torch.zeros_like(masked)
-            for i in range(b):
-                k = int(schedule[i, step])
-                if k:
-                    commit[i, conf[i].topk(k).indices] = True
+            order = torch.sort(conf, dim=-1, descending=True, stable=True).indices  # (B, L)
+            rank = torch.empty_like(x).scatter_(1, order, torch.arange(x.shape[1]).expand_as(x))  # position -> rank
+            commit = (rank < schedule[:, step : step + 1]) & masked  # the k most confident masked positions
             x = torch.where(commit, x0, x)
             if trace is not None:
                 trace.append((blk, step, commit.clone()))
@@ -174,9 +172,11 @@ def diffusion_logprobs(model, x: torch.Tensor, attn: torch.Tensor, prompt_len: i
     """(B, T) d1 log-probs of the completion tokens x[:, prompt_len:] (0 where completion_mask is False).
 
     One forward pass on x with every completion position masked and each real prompt token masked with
-    probability p_mask, drawn from torch.Generator seeded with `seed` (share it between rollout and trainer)."""
+    probability p_mask, drawn from torch.Generator seeded with `seed` (share it between rollout and trainer).
+    The draws are per position, shared by the rows, so any subset of rows (a micro-batch) gets the masks it
+    gets inside the whole batch."""
     g = torch.Generator().manual_seed(seed)
-    draws = torch.rand(x.shape[0], prompt_len, generator=g)  # (B, P)
+    draws = torch.rand(prompt_len, generator=g).expand(x.shape[0], prompt_len)  # (B, P): one draw per position
     noisy = x.clone()
     prompt_masked = (draws < p_mask) & attn[:, :prompt_len]
     noisy[:, :prompt_len] = torch.where(prompt_masked, mask_id, x[:, :prompt_len])

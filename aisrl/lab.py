@@ -70,6 +70,8 @@ class LabConfig:
     """Arithmetic operators."""
     trace: str = "flat"
     """Arithmetic solution trace: 'flat' (`23+48=71`) or 'columns' (digit by digit with carries; ops='+')."""
+    sudoku_holes: int = 6
+    """Empty cells of a 4x4 Sudoku (task=sudoku4)."""
     hidden: int = 192
     """Model width."""
     layers: int = 4
@@ -89,21 +91,25 @@ class LabConfig:
 def lab_task(cfg: LabConfig):
     if cfg.task == "arithmetic":
         return make_task(cfg.task, max_operand=cfg.max_operand, ops=cfg.ops, trace=cfg.trace)
+    if cfg.task == "sudoku4":
+        return make_task(cfg.task, holes=cfg.sudoku_holes)
     return make_task(cfg.task)
 
 
-def _cache_dir(cfg: LabConfig) -> Path:
+def _cache_dir(cfg, kind: str = "lab") -> Path:
     key = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode()).hexdigest()[:12]
     root = Path(os.environ.get("AISRL_CACHE", Path.home() / ".cache" / "aisrl"))
-    return root / "lab" / key
+    return root / kind / key
 
 
 def greedy_accuracy(model, tok: CharTokenizer, problems: list[Problem], task, max_new_tokens: int = 40) -> float:
+    from aisrl.policy import CausalPolicy
     from aisrl.rollout import SamplingParams
     from aisrl.trainer import evaluate
 
     encode = lambda p: [tok.bos_token_id] + tok.encode(prompt_text(p))  # noqa: E731
-    return evaluate(model, tok, task, encode, problems, SamplingParams(max_new_tokens))
+    policy = CausalPolicy(SamplingParams(max_new_tokens), tok.pad_token_id, tok.eos_token_id, tokenizer=tok)
+    return evaluate(model, tok, task, encode, problems, policy)
 
 
 def lab_model(cfg: LabConfig | None = None, verbose: bool = True):

@@ -21,6 +21,20 @@ PRESET_DIR = Path(__file__).parent / "presets"
 class ModelConfig:
     name: str = "lab"
     """'lab' (warm-started tiny model), 'smollm2', a tiny-* name or a local Hugging Face directory."""
+    kind: str = "causal"
+    """'causal' (autoregressive LM) or 'diffusion' (masked-diffusion LM, LLaDA-style; see aisrl.diffusion)."""
+
+
+@dataclass
+class DiffusionSettings:
+    block_length: int = 8
+    """Completion positions decoded together (rollout.max_new_tokens is the generation length)."""
+    steps: int = 20
+    """Denoising steps in total over all blocks."""
+    remasking: str = "low_confidence"
+    """Commit order: 'low_confidence' (most probable first) or 'random'."""
+    p_mask: float = 0.15
+    """d1 log-probs: probability of masking each prompt token (seeded per step, shared by rollout and trainer)."""
 
 
 @dataclass
@@ -122,6 +136,7 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     lab: LabConfig = field(default_factory=LabConfig)
+    diffusion: DiffusionSettings = field(default_factory=DiffusionSettings)
     lora: LoraSettings = field(default_factory=LoraSettings)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import random
 import time
@@ -27,9 +28,10 @@ from aisrl.correction import CORRECTIONS, correct
 from aisrl.dist import all_sum, world_size
 from aisrl.lora import apply_lora, merged_state
 from aisrl.losses import AGGREGATIONS, LOSSES, group_advantages
+from aisrl.policy import CausalPolicy, DiffusionPolicy
 from aisrl.qarl import align_, error_tokens, set_alignment
 from aisrl.quant import quant_config, quantize_, sync_weights
-from aisrl.rollout import SamplingParams, generate, logprobs
+from aisrl.rollout import SamplingParams
 from aisrl.solrl import select_extremes
 from aisrl.tracking import Tracker
 from aisrl.train_config import TrainConfig
@@ -39,6 +41,15 @@ def build(cfg: TrainConfig):
     """(model, tokenizer, task, encode_prompt) for the configured model and task."""
     from aisrl.tasks import INSTRUCTION, make_task
 
+    if cfg.model.kind == "diffusion":
+        if cfg.model.name != "lab":
+            raise ValueError("model.kind=diffusion trains the diffusion lab model (model.name=lab); load a LLaDA "
+                             "checkpoint with aisrl.diffusion.load_diffusion_model for your own loop")  # fmt: skip
+        from aisrl.diffusion_lab import diffusion_lab_model, encode_prompt
+        from aisrl.lab import lab_task
+
+        model, tok, _ = diffusion_lab_model(cfg.lab, _diffusion_params(cfg))
+        return model, tok, lab_task(cfg.lab), lambda p: encode_prompt(tok, p)
     if cfg.model.name == "lab":
         from aisrl.lab import lab_model, lab_task, prompt_text
 
@@ -58,6 +69,24 @@ def build(cfg: TrainConfig):
         return list(ids if isinstance(ids[0], int) else ids["input_ids"])
 
     return model, tok, task, encode
+
+
+def _diffusion_params(cfg: TrainConfig):
+    from aisrl.diffusion import DiffusionParams
+
+    d = cfg.diffusion
+    return DiffusionParams(cfg.rollout.max_new_tokens, d.block_length, d.steps, cfg.rollout.temperature, d.remasking)
+
+
+def make_policy(cfg: TrainConfig, tok):
+    """How this model kind samples and scores (aisrl.policy)."""
+    if cfg.model.kind == "diffusion":
+        from aisrl.diffusion_lab import mask_id_of
+
+        return DiffusionPolicy(_diffusion_params(cfg), mask_id_of(tok), tok.pad_token_id, tok.eos_token_id,
+                               cfg.diffusion.p_mask, cfg.seed)  # fmt: skip
+    params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
+    return CausalPolicy(params, tok.pad_token_id or 0, tok.eos_token_id, cfg.micro_batch, tok)
 
 
 def completion_texts(tok, r) -> list[str]:
@@ -83,6 +112,10 @@ def validate(cfg: TrainConfig) -> None:
         )
     if cfg.rollout.quant != "none":
         quant_config(cfg.rollout.quant)  # raises with the list of presets
+    if cfg.model.kind not in ("causal", "diffusion"):
+        raise ValueError(f"unknown model.kind {cfg.model.kind!r}; choose from ['causal', 'diffusion']")
+    if cfg.model.kind == "diffusion":
+        _diffusion_params(cfg)  # raises on a bad block/step geometry
     if cfg.group_size < 2:
         raise ValueError("group_size must be >= 2 (GRPO advantages compare completions of one prompt)")
     for key in ("max_steps", "prompts_per_step", "micro_batch", "epochs", "eval_every", "checkpoint_every",
@@ -139,14 +172,14 @@ def train(cfg: TrainConfig, log=print) -> dict:
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
-    params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
+    policy = make_policy(cfg, tok)
     pool = task.problems("train", cfg.train_problems, seed=cfg.seed)
     held = task.problems("test", cfg.eval_problems, seed=cfg.seed + 1)
     fit = pool[: cfg.eval_problems]  # training prompts: how well RL fits what it trains on, next to held-out
 
     def evaluations(suffix: str = "") -> dict:
-        return {f"eval_accuracy{suffix}": evaluate(model, tok, task, encode, held, params),
-                f"fit_accuracy{suffix}": evaluate(model, tok, task, encode, fit, params)}  # fmt: skip
+        return {f"eval_accuracy{suffix}": evaluate(model, tok, task, encode, held, policy),
+                f"fit_accuracy{suffix}": evaluate(model, tok, task, encode, fit, policy)}  # fmt: skip
 
     if len(pool) < cfg.prompts_per_step or not held:
         raise ValueError(f"the task gives {len(pool)} training and {len(held)} held-out problems; need at least "
@@ -180,8 +213,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         shard = slice(rank * len(problems) // world, (rank + 1) * len(problems) // world)  # whole groups per rank
         problems, seeds = problems[shard], seeds[shard]
         t0 = time.perf_counter()
-        r = generate(rollout, [encode(p) for p in problems], params, seeds=seeds, tokenizer=tok,
-                     pad_id=tok.pad_token_id or 0, eos_id=tok.eos_token_id, kv_cache_fp8=kv_fp8)  # fmt: skip
+        r = policy.sample(rollout, [encode(p) for p in problems], seeds, step, kv_fp8)
         t["time_rollout"] = time.perf_counter() - t0
         # 2. rewards and group advantages
         scored = [task.reward(x, p) for x, p in zip(completion_texts(tok, r), problems, strict=True)]
@@ -202,8 +234,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         else:
             model.eval()  # no dropout noise in old_logp, hence in the ratios and the correction weights
             with torch.no_grad():
-                old_logp = logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, params,
-                                    micro_batch=cfg.micro_batch)  # fmt: skip
+                old_logp = policy.score(model, r, step)
             model.train()
         t["time_logprob"] = time.perf_counter() - t0
         if cfg.rollout.pool:  # Sol-RL rescoring: the kept samples are trained on as on-policy
@@ -219,7 +250,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
         t["time_correction"] = time.perf_counter() - t0
         # 4. mu epochs of the clipped loss over micro-batches, one optimizer step per epoch
         t0 = time.perf_counter()
-        loss_metrics = _update(cfg, model, ref, opt, r, old_logp, adv, res, params)
+        score = functools.partial(_score_at, policy, step=step)  # this step's scoring (diffusion: its seed)
+        loss_metrics = _update(cfg, model, ref, opt, r, old_logp, adv, res, score)
         sched.step()
         t["time_train"] = time.perf_counter() - t0
         # 5. weight sync into the rollout copy
@@ -241,7 +273,11 @@ def train(cfg: TrainConfig, log=print) -> dict:
     return write_report(out)
 
 
-def _update(cfg, model, ref, opt, r, old_logp, adv, res, params) -> dict:
+def _score_at(policy, model, rows, step):
+    return policy.score(model, rows, step)
+
+
+def _update(cfg, model, ref, opt, r, old_logp, adv, res, score) -> dict:
     n = r.completion_ids.shape[0]
     mask = res.mask
     tok_total, seq_total = all_sum(mask.sum().double(), mask.any(1).sum().double())  # global denominators
@@ -253,13 +289,12 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, params) -> dict:
         opt.zero_grad()
         for s in range(0, n, cfg.micro_batch):
             sl = slice(s, s + cfg.micro_batch)
-            logp = logprobs(model, r.prompt_ids[sl], r.prompt_mask[sl], r.completion_ids[sl], r.completion_mask[sl],
-                            params, micro_batch=cfg.micro_batch)  # fmt: skip
+            rows = r.select(sl)
+            logp = score(model, rows)
             ref_logp = None
             if ref is not None:
                 with torch.no_grad():
-                    ref_logp = logprobs(ref, r.prompt_ids[sl], r.prompt_mask[sl], r.completion_ids[sl],
-                                        r.completion_mask[sl], params)  # fmt: skip
+                    ref_logp = score(ref, rows)
             loss, m = LOSSES[cfg.loss](logp, old_logp[sl], adv[sl], mask[sl], weights=res.weights[sl],
                                        clip=(cfg.clip_low, cfg.clip_high), dual_clip=dual_clip, agg=agg,
                                        ref_logp=ref_logp, kl_coef=cfg.kl_coef,
@@ -283,15 +318,13 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, params) -> dict:
 
 
 @torch.no_grad()
-def evaluate(model, tok, task, encode, problems, params) -> float:
+def evaluate(model, tok, task, encode, problems, policy) -> float:
     """Greedy accuracy of the full-precision model (QaRL-aligned layers are switched off for it, so every
-    method is evaluated the same way)."""
+    method is evaluated the same way). `policy`: aisrl.policy.CausalPolicy or DiffusionPolicy."""
     was = model.training
     model.eval()
     set_alignment(model, False)
-    greedy = SamplingParams(params.max_new_tokens, greedy=True)
-    r = generate(model, [encode(p) for p in problems], greedy, tokenizer=tok, pad_id=tok.pad_token_id or 0,
-                 eos_id=tok.eos_token_id)  # fmt: skip
+    r = policy.greedy(model, [encode(p) for p in problems])
     set_alignment(model, True)
     model.train(was)
     return sum(task.reward(x, p)[1] for x, p in zip(completion_texts(tok, r), problems, strict=True)) / len(problems)

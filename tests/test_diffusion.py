@@ -69,7 +69,7 @@ def test_d1_logprobs_match_a_hand_computation_and_are_seeded():
     cmask = torch.tensor([[True, True, True], [True, True, False]])
     got = diffusion_logprobs(Toy(p), x, attn, p, cmask, mask_id=MASK, p_mask=0.5, seed=7)
     # by hand: which prompt tokens the seed masks, then the toy's softmax at each (all-masked) completion slot
-    draws = torch.rand(2, p, generator=torch.Generator().manual_seed(7))
+    draws = torch.rand(p, generator=torch.Generator().manual_seed(7)).expand(2, p)  # one draw per position
     n_masked = ((draws < 0.5) & attn[:, :p]).sum(-1).tolist()
     for b in range(2):
         row = [0.0] * V
@@ -83,6 +83,8 @@ def test_d1_logprobs_match_a_hand_computation_and_are_seeded():
     assert torch.equal(got, diffusion_logprobs(Toy(p), x, attn, p, cmask, mask_id=MASK, p_mask=0.5, seed=7))
     other = diffusion_logprobs(Toy(p), x, attn, p, cmask, mask_id=MASK, p_mask=0.5, seed=8)
     assert not torch.equal(got, other)  # another seed masks other prompt tokens (the toy counts them)
+    one = diffusion_logprobs(Toy(p), x[1:], attn[1:], p, cmask[1:], mask_id=MASK, p_mask=0.5, seed=7)
+    assert torch.equal(one, got[1:])  # a micro-batch is scored as inside the whole batch
 
 
 def test_identical_models_give_weights_of_exactly_one_and_a_quantised_copy_does_not():
