@@ -133,9 +133,9 @@ def run_study(cfg: CompareConfig, log=print) -> dict:
     if cfg.jobs > 0 and todo:
         log(f"compare: {len(todo)} of {len(runs)} runs to do, {cfg.jobs} at a time, in {cfg.out}")
         if base.model.name == "lab":  # build the cached warm start once, before runs race to build it
-            from aisrl.lab import lab_model
+            from aisrl.trainer import build
 
-            lab_model(base.lab, verbose=False)
+            build(base)  # the causal or the diffusion lab model, as the preset says
         (_run_here if cfg.jobs == 1 else _run_subprocesses)(todo, cfg, log)
     result = aggregate(cfg, runs, base.max_steps)
     from aisrl.bench.report import write_json
@@ -218,7 +218,8 @@ def summarize_run(rows: list[dict], collapse_fraction: float) -> dict:
         "seconds_per_step": total,
         "time_share": {k: v / total for k, v in times.items()},
     }
-    peak = max(_smooth(out["reward"], 10), default=0.0)
+    smooth = _smooth(out["reward"], 10)
+    peak = max(smooth[9:] or smooth, default=0.0)  # full 10-step windows only (an early partial one is noise)
     late = _fifths(rows, "reward")[1]
     out["collapsed"] = bool(late is not None and peak > 0 and late < collapse_fraction * peak)
     for key in ("alpha", *DIAGNOSTICS, "k3_kl", "ess"):

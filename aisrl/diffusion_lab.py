@@ -17,7 +17,7 @@ import torch
 from torch.nn import functional as F
 
 from aisrl.diffusion import DiffusionParams, diffusion_generate, tiny_diffusion_model
-from aisrl.lab import CharTokenizer, LabConfig, _cache_dir, completion_text, lab_task, prompt_text
+from aisrl.lab import CharTokenizer, LabConfig, _cache_dir, completion_text, lab_task, prompt_text, publish_cache
 
 
 def mask_id_of(tok: CharTokenizer) -> int:
@@ -46,7 +46,8 @@ def diffusion_lab_model(cfg: LabConfig, params: DiffusionParams, verbose: bool =
     from safetensors.torch import load_file, save_file
 
     tok = CharTokenizer()
-    key = {"lab": cfg, "gen_length": params.gen_length, "block_length": params.block_length, "steps": params.steps}
+    key = {"lab": cfg, "gen_length": params.gen_length, "block_length": params.block_length, "steps": params.steps,
+           "remasking": params.remasking}  # fmt: skip
     cache = _cache_dir(_Key(**key), kind="diffusion_lab")
     model = tiny_diffusion_model(len(tok) + 1, mask_id_of(tok), hidden=cfg.hidden, layers=cfg.layers,
                                  max_len=128, seed=cfg.seed)  # fmt: skip
@@ -78,11 +79,8 @@ def diffusion_lab_model(cfg: LabConfig, params: DiffusionParams, verbose: bool =
             print(f"diffusion lab SFT step {step}: loss {loss.item():.3f}, held-out greedy accuracy {acc:.2f}",
                   flush=True)  # fmt: skip
     info = {"sft_steps": step, "heldout_greedy_accuracy": acc, "params": sum(p.numel() for p in model.parameters())}
-    tmp = cache.with_name(cache.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    save_file(model.state_dict(), tmp / "model.safetensors")
-    (tmp / "info.json").write_text(json.dumps(info))
-    tmp.rename(cache) if not cache.exists() else None
+    publish_cache(cache, lambda tmp: (save_file(model.state_dict(), tmp / "model.safetensors"),
+                                      (tmp / "info.json").write_text(json.dumps(info))))  # fmt: skip
     return model.eval(), tok, info
 
 
@@ -94,6 +92,7 @@ class _Key:
     gen_length: int
     block_length: int
     steps: int
+    remasking: str
 
 
 def masked_sft_loss(model, batch, gen_length: int, tok: CharTokenizer, gen: torch.Generator) -> torch.Tensor:

@@ -149,11 +149,23 @@ def lab_model(cfg: LabConfig | None = None, verbose: bool = True):
             print(f"lab SFT step {step}: loss {loss.item():.3f}, held-out greedy accuracy {acc:.2f}", flush=True)
     info = {"sft_steps": step, "heldout_greedy_accuracy": acc, "params": sum(p.numel() for p in model.parameters()),
             "config": asdict(cfg)}  # fmt: skip
-    tmp = cache.with_name(cache.name + ".tmp")
-    save_model(model, tmp)
-    (tmp / "info.json").write_text(json.dumps(info))
-    tmp.rename(cache) if not cache.exists() else None
+    publish_cache(cache, lambda tmp: (save_model(model, tmp), (tmp / "info.json").write_text(json.dumps(info))))
     return model, tok, info
+
+
+def publish_cache(cache: Path, write) -> None:
+    """Write a cache entry into a private temporary directory, then rename it into place (first writer wins;
+    concurrent builders of the same deterministic entry never share a directory)."""
+    import shutil
+
+    tmp = cache.with_name(f"{cache.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    try:
+        tmp.rename(cache)
+    except OSError:  # another process published it first
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _sft_loss(model, batch: list[tuple[list[int], list[int]]], pad: int) -> torch.Tensor:

@@ -81,6 +81,8 @@ def clipped_surrogate(
 
     Returns (l, ratio, log_ratio, clipped, dual), each (N, T); `clipped`/`dual` flag tokens where the clip or
     the dual clip is active. Shared by grpo_loss and the verl adapter (which aggregates with verl's agg_loss)."""
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (it bounds the loss of negative advantages), got {dual_clip}")
     adv = adv.detach().to(logp.dtype)
     adv = adv[:, None] if adv.dim() == 1 else adv  # (N, 1) or (N, T)
     adv = torch.where(on, adv, 0.0)  # (N, T)
@@ -180,7 +182,7 @@ def tbpo_loss(
         s_i   = exp( sum_t m_it (logp_it - old_it) / sum_t m_it )      length-normalised sequence ratio
         l_i   = -min(s_i A_i, clip(s_i, 1 - eps_lo, 1 + eps_hi) A_i)   the trust band clips s_i
         l_i   = min(l_i, -c A_i)  if A_i < 0                           dual clip (c = dual_clip > 1)
-        loss  = sum_i omega_i l_i / N_seq  (+ kl_coef * token-mean k3(pi || pi_ref))
+        loss  = sum_i omega_i l_i / N_seq  (+ kl_coef * sequence mean of the per-sequence token-mean k3)
 
     omega_i is the masked token mean of the correction weights (1 without a correction). `agg` must be
     'seq-mean' (the objective is per sequence); `horizon` is accepted for a uniform loss signature."""
@@ -220,7 +222,8 @@ def tbpo_loss(
     if ref_logp is not None:
         r = torch.where(on, ref_logp.detach() - logp, 0.0).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)
         kl_ref = r.exp() - r - 1.0  # (N, T)
-        loss = loss + kl_coef * (kl_ref * m).sum() / n_tok.clamp(min=1).to(l_seq.dtype)
+        kl_seq = (kl_ref * m).sum(-1) / lens.clamp(min=1)  # (N,): per sequence, so micro-batches accumulate exactly
+        loss = loss + kl_coef * kl_seq.sum() / n_seq.clamp(min=1).to(l_seq.dtype)
     loss = loss * world_size()
     with torch.no_grad():
         sums = all_sum(_s(band.double()), _s(dual.double()), _s(s.double(), seq_on), _s((d.exp() - 1 - d).double(), on),

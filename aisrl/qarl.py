@@ -40,14 +40,16 @@ class AlignedLinear(nn.Linear):
         cfg = self.qcfg
         if not getattr(self, "aligned", True):  # set_alignment(model, False): plain full precision
             return nn.functional.linear(x, self.weight, self.bias)
+        w32, x32 = self.weight.float(), x.float()  # FP32 like FakeQuantLinear, whatever the model dtype
         with torch.no_grad():
-            wq = WEIGHT_FORMATS[cfg.format](self.weight.detach().float(), cfg).to(self.weight.dtype)
-        w = _ste(self.weight, wq)
+            wq = WEIGHT_FORMATS[cfg.format](w32.detach(), cfg)
+        w = _ste(w32, wq)
         if cfg.activations:
             with torch.no_grad():
-                xq = ACT_FORMATS[cfg.format](x.detach().float()).to(x.dtype)
-            x = _ste(x, xq)
-        return nn.functional.linear(x, w, self.bias)
+                xq = ACT_FORMATS[cfg.format](x32.detach())
+            x32 = _ste(x32, xq)
+        bias = None if self.bias is None else self.bias.float()
+        return nn.functional.linear(x32, w, bias).to(x.dtype)
 
 
 def align_(model: nn.Module, cfg: QuantConfig) -> nn.Module:
@@ -55,7 +57,11 @@ def align_(model: nn.Module, cfg: QuantConfig) -> nn.Module:
     (the layers `quantize_` would quantise: all but the output head unless cfg.lm_head). In place."""
     n = 0
     for name, mod in model.named_modules():
-        if type(mod) is nn.Linear and (cfg.lm_head or not _is_head(name, model)):
+        if (
+            isinstance(mod, nn.Linear)
+            and not isinstance(mod, AlignedLinear)
+            and (cfg.lm_head or not _is_head(name, model))
+        ):
             mod.__class__ = AlignedLinear
             mod.qcfg = cfg
             n += 1
@@ -97,18 +103,14 @@ def error_tokens(
 
 def _runs_at_least(x: torch.Tensor, k: int, extend_back: int = 0) -> torch.Tensor:
     """Positions inside runs of >= k consecutive True values along the last dim (plus `extend_back`
-    positions before each run: the first period of a loop is part of it)."""
-    n, t = x.shape
-    out = torch.zeros_like(x)
-    xs = x.tolist()
-    for i in range(n):
-        start = None
-        for j in range(t + 1):
-            on = j < t and xs[i][j]
-            if on and start is None:
-                start = j
-            elif not on and start is not None:
-                if j - start >= k:
-                    out[i, max(0, start - extend_back) : j] = True
-                start = None
+    positions before each run: the first period of a loop is part of it). Vectorised."""
+    t = x.shape[-1]
+    idx = torch.arange(t).expand_as(x)
+    last_off = torch.where(~x, idx, -1).cummax(-1).values  # (N, T) latest False at or before j
+    ahead = torch.where(~x, idx, t).flip(-1).cummin(-1).values.flip(-1)  # (N, T) first False at or after j
+    run_len = ahead - last_off - 1  # (N, T) length of the True run through j (meaningful where x)
+    out = x & (run_len >= k)
+    start = out & (idx == last_off + 1)  # first position of each long run
+    for e in range(1, extend_back + 1):
+        out[..., :-e] |= start[..., e:]
     return out

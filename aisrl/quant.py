@@ -96,9 +96,11 @@ def quantize_mxfp4(w: torch.Tensor, block: int = 32) -> torch.Tensor:
     return undo(fake_float(b / s, "e2m1") * s)
 
 
-def quantize_nvfp4(w: torch.Tensor, block: int = 16) -> torch.Tensor:
-    """NVFP4: E2M1 elements, an FP8 E4M3 scale per `block` values, under one FP32 tensor scale."""
-    g = _amax_scale(w.abs().amax(), 448.0 * 6.0)  # per-tensor scale, so block scales fit E4M3
+def quantize_nvfp4(w: torch.Tensor, block: int = 16, per_row: bool = False) -> torch.Tensor:
+    """NVFP4: E2M1 elements, an FP8 E4M3 scale per `block` values, under one FP32 tensor scale (per row with
+    per_row=True: activations, so a token's quantisation never depends on the other tokens of the batch)."""
+    amax = w.abs().amax(dim=-1, keepdim=True) if per_row else w.abs().amax()
+    g = _amax_scale(amax, 448.0 * 6.0)  # the second-level scale, so block scales fit E4M3
     b, undo = _blocks(w / g, 1, block)
     s = fake_float(_amax_scale(b.abs().amax(dim=-1, keepdim=True), 6.0), "e4m3")
     s = torch.where(s > 0, s, torch.ones_like(s))
@@ -153,7 +155,7 @@ ACT_FORMATS = {  # dynamic activation fake-quant per weight format (input rows a
     "fp8_e5m2": lambda x: quantize_act(x, "e5m2"),
     "int8": lambda x: quantize_act(x, "int8"),
     "mxfp4": lambda x: quantize_mxfp4(x.reshape(-1, x.shape[-1])).reshape(x.shape),
-    "nvfp4": lambda x: quantize_nvfp4(x.reshape(-1, x.shape[-1])).reshape(x.shape),
+    "nvfp4": lambda x: quantize_nvfp4(x.reshape(-1, x.shape[-1]), per_row=True).reshape(x.shape),
 }
 
 PRESETS = {

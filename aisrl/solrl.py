@@ -4,8 +4,9 @@ Sol-RL (FP4 explore, high-precision train) samples a large candidate pool per pr
 format, keeps the most informative samples, and trains on them at high precision. Here: K candidates per
 prompt from the quantised rollout copy; per prompt the G/2 lowest-reward and G - G/2 highest-reward
 candidates are kept (the extremes carry the largest group-normalised advantages, the strongest contrast);
-they are then rescored at training precision and trained on as on-policy samples (their rollout log-probs
-are replaced by the trainer's, so no mismatch correction applies). The selection itself biases the gradient
+they are then rescored at training precision (the old log-probs of the PPO ratio) and trained on as
+on-policy samples: no correction weights (correction.name=none), while the rollout/trainer mismatch
+metrics are still logged from the low-precision log-probs. The selection itself biases the gradient
 towards the extremes; that is the method's bet, measured in the comparison study, not corrected here.
 Extra cost: K / G times the rollout work, reported as time_rollout.
 """

@@ -266,9 +266,12 @@ def read_rows(path: str) -> list[dict]:
     for i, line in enumerate(p.read_text().splitlines()):
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{i + 1}: not a JSON object per line ({e.msg})") from e
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{i + 1}: each line must be a JSON object, got {type(row).__name__}")
+            rows.append(row)
     return rows
 
 

@@ -14,7 +14,6 @@ Outputs in `output_dir`: metrics.jsonl (one row per step), checkpoints/, report.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import json
 import random
@@ -106,6 +105,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"dual_clip must be 0 (off) or > 1, got {cfg.dual_clip}")
     if cfg.rollout.align and (cfg.rollout.quant == "none" or cfg.lora.r > 0):
         raise ValueError("rollout.align (QaRL) needs a rollout format (rollout.quant) and full fine-tuning (lora.r=0)")
+    if cfg.rollout.pool and cfg.correction.name != "none":
+        raise ValueError("rollout.pool (Sol-RL) trains the kept samples as on-policy: set correction.name=none "
+                         "(the mismatch metrics are still logged)")  # fmt: skip
     if cfg.rollout.pool and cfg.rollout.pool <= cfg.group_size:
         raise ValueError(
             f"rollout.pool (Sol-RL) must exceed group_size={cfg.group_size} or be 0, got {cfg.rollout.pool}"
@@ -237,8 +239,6 @@ def train(cfg: TrainConfig, log=print) -> dict:
                 old_logp = policy.score(model, r, step)
             model.train()
         t["time_logprob"] = time.perf_counter() - t0
-        if cfg.rollout.pool:  # Sol-RL rescoring: the kept samples are trained on as on-policy
-            r = dataclasses.replace(r, rollout_logp=old_logp)
         t0 = time.perf_counter()
         res = correct(cfg.correction.name, old_logp, r.rollout_logp, r.completion_mask,
                       **_correction_options(cfg, prev_alpha))  # fmt: skip
@@ -324,7 +324,9 @@ def evaluate(model, tok, task, encode, problems, policy) -> float:
     was = model.training
     model.eval()
     set_alignment(model, False)
-    r = policy.greedy(model, [encode(p) for p in problems])
-    set_alignment(model, True)
-    model.train(was)
+    try:
+        r = policy.greedy(model, [encode(p) for p in problems])
+    finally:
+        set_alignment(model, True)
+        model.train(was)
     return sum(task.reward(x, p)[1] for x, p in zip(completion_texts(tok, r), problems, strict=True)) / len(problems)

@@ -117,3 +117,14 @@ def test_configuration_errors_are_explained(tmp_path):
         AISGRPOTrainer(model=model, correction="ais", **kw)
     with pytest.raises(ValueError, match="unknown quantisation preset"):
         AISGRPOTrainer(model=model, rollout_quant="fp7", **kw)
+
+
+def test_settings_the_rollout_copy_cannot_honour_are_refused(tmp_path):
+    model, tok, ds = tiny_setup()
+    kw = {"reward_funcs": reward_w5, "train_dataset": ds, "processing_class": tok, "rollout_quant": "fp8_e4m3_w8a8"}
+    with pytest.raises(ValueError, match=r"unset \['top_p'\]"):
+        AISGRPOTrainer(model=model, args=grpo_args(tmp_path, top_p=0.9), **kw)
+    with pytest.raises(ValueError, match="rollout_quant and use_vllm=True"):
+        AISGRPOTrainer(model=model, args=grpo_args(tmp_path, use_vllm=True), **kw)
+    with pytest.raises(ValueError, match="peft_config is not supported"):
+        AISGRPOTrainer(model=model, args=grpo_args(tmp_path), peft_config=object(), **kw)

@@ -27,11 +27,13 @@ def test_trainer_with_solrl_pool_and_qarl_tbpo_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
     out = tmp_path / "solrl"
-    train(load_config("lab", [*TINY_LAB, "max_steps=2", "rollout.pool=8", "correction.name=ais", f"output_dir={out}"]),
+    train(load_config("lab", [*TINY_LAB, "max_steps=2", "rollout.pool=8", "correction.name=none", f"output_dir={out}"]),
           log=lambda _: None)  # fmt: skip
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["num_seqs"] for r in rows] == [16.0, 16.0]  # 4 prompts x group 4 kept out of 4 x 8 sampled
-    assert all(r["k3_kl"] == 0 and r["alpha"] == 0 for r in rows)  # rescored: trained as on-policy
+    assert all(r["k3_kl"] > 0 and r["alpha"] is None for r in rows)  # the real FP8 mismatch is still reported
+    with pytest.raises(ValueError, match="set correction.name=none"):
+        train(load_config("lab", [*TINY_LAB, "rollout.pool=8", "correction.name=ais", f"output_dir={out}z"]))
     out = tmp_path / "qarl"
     train(load_config("lab", [*TINY_LAB, "max_steps=2", "rollout.align=true", "loss=tbpo", "correction.name=none",
                               "rollout.quant=mxfp4_w4a4", f"output_dir={out}"]), log=lambda _: None)  # fmt: skip

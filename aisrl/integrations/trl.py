@@ -37,6 +37,30 @@ from aisrl.quant import quant_config, quantize_, sync_weights
 from aisrl.rollout import SamplingParams, generate
 
 
+def _check_rollout_copy_settings(model, args, kwargs) -> None:
+    """What an aisrl rollout copy cannot honour is an error, not a silent difference."""
+    if isinstance(model, str):
+        raise ValueError(f"rollout_quant needs a model instance (load it first), not the name {model!r}")
+    if kwargs.get("peft_config") is not None:
+        raise ValueError("rollout_quant with peft_config is not supported: the copy syncs full weights; merge "
+                         "adapters yourself or use full fine-tuning")  # fmt: skip
+    if kwargs.get("rollout_func") is not None:
+        raise ValueError("rollout_quant and rollout_func both generate completions; pass one of them")
+    if args is None:
+        return
+    if getattr(args, "use_vllm", False):
+        raise ValueError("rollout_quant and use_vllm=True both generate completions; pass one of them")
+    # TRL's trainer log-probs apply the temperature only; the copy's log-probs would include any filter
+    unsupported = {"top_p": (getattr(args, "top_p", 1.0), 1.0), "top_k": (getattr(args, "top_k", 0) or 0, 0),
+                   "min_p": (getattr(args, "min_p", None), None),
+                   "repetition_penalty": (getattr(args, "repetition_penalty", 1.0), 1.0),
+                   "generation_kwargs": (getattr(args, "generation_kwargs", None) or None, None)}  # fmt: skip
+    bad = [k for k, (value, default) in unsupported.items() if value != default]
+    if bad:
+        raise ValueError(f"rollout_quant samples with temperature only; unset {bad} (TRL's trainer log-probs do "
+                         "not apply them, so the importance ratios would be biased)")  # fmt: skip
+
+
 class AISGRPOTrainer(GRPOTrainer):
     """`trl.GRPOTrainer` plus three keyword arguments.
 
@@ -59,9 +83,9 @@ class AISGRPOTrainer(GRPOTrainer):
                 "rollout_quant='fp8_e4m3_w8a8' (or another aisrl.quant preset, or 'none') to generate with an "
                 "aisrl rollout copy, or use vLLM (GRPOConfig(use_vllm=True))"
             )
-        if rollout_quant is not None and isinstance(model, str):
-            raise ValueError("rollout_quant needs a model instance (load it first), not the name " + repr(model))
-        if use_vllm and getattr(train_args, "vllm_importance_sampling_correction", False):
+        if rollout_quant is not None:
+            _check_rollout_copy_settings(model, train_args, kwargs)
+        if use_vllm and correction != "none" and getattr(train_args, "vllm_importance_sampling_correction", False):
             train_args.vllm_importance_sampling_correction = False  # one correction, ours, not two
         self._aisrl = {"name": correction, "options": dict(correction_options or {}), "prev_alpha": None}
         self._rollout, self._synced_step = None, None
@@ -70,6 +94,20 @@ class AISGRPOTrainer(GRPOTrainer):
             if rollout_quant != "none":
                 quantize_(self._rollout, quant_config(rollout_quant))
         super().__init__(model, *args, **kwargs)
+        if self._rollout is not None:
+            self._rollout.to(self.accelerator.device)  # the Trainer placed the policy; the copy follows it
+        if use_vllm and correction != "none":
+            self._check_vllm_logprobs_mode()
+
+    def _check_vllm_logprobs_mode(self) -> None:
+        """Our correction needs vLLM's log-probs after temperature/logit processing (TRL checks this only when
+        its own correction is on, which we switched off)."""
+        if getattr(self, "vllm_mode", None) != "server" or not self.accelerator.is_main_process:
+            return  # colocated engines are created by TRL with logprobs_mode="processed_logprobs"
+        mode = self.vllm_generation.vllm_client.get_server_info()["model_config"]["logprobs_mode"]
+        if mode != "processed_logprobs":
+            raise ValueError(f"the vLLM server runs with --logprobs-mode {mode}; the correction needs "
+                             "--logprobs-mode processed_logprobs (restart `trl vllm-serve` with it)")  # fmt: skip
 
     # -- generation with the aisrl rollout copy ------------------------------------------------------
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -79,14 +117,15 @@ class AISGRPOTrainer(GRPOTrainer):
         if self._synced_step != self.state.global_step:  # the optimiser stepped: re-quantise its weights
             sync_weights(self.accelerator.unwrap_model(self.model).state_dict(), self._rollout)
             self._synced_step = self.state.global_step
-        params = SamplingParams(self.max_completion_length, self.temperature, self.top_k or 0, self.top_p or 1.0)
+        params = SamplingParams(self.max_completion_length, self.temperature)
         # per-request seeds from (seed, step, process, row): reproducible, and TRL's global RNG is left alone
         base = ((self.args.seed * 1_000_003 + self.state.global_step) * 64 + self.accelerator.process_index) * 65_536
         seeds = [base + i for i in range(len(prompt_ids))]
         r = generate(self._rollout, [list(p) for p in prompt_ids], params, seeds=seeds,
                      pad_id=self._tokenizer.pad_token_id, eos_id=list(self.eos_token_ids))  # fmt: skip
-        ids = [r.completion_ids[i][r.completion_mask[i]].tolist() for i in range(len(prompt_ids))]
-        logps = [r.rollout_logp[i][r.completion_mask[i]].tolist() for i in range(len(prompt_ids))]
+        mask, comp, logp = r.completion_mask.cpu(), r.completion_ids.cpu(), r.rollout_logp.cpu()
+        ids = [comp[i][mask[i]].tolist() for i in range(len(prompt_ids))]
+        logps = [logp[i][mask[i]].tolist() for i in range(len(prompt_ids))]
         return ids, logps
 
     # -- the correction, folded into per-token advantages ------------------------------------------------
@@ -106,9 +145,9 @@ class AISGRPOTrainer(GRPOTrainer):
         adv = out["advantages"]
         adv = adv.unsqueeze(1) if adv.dim() == 1 else adv  # (N, 1) or already (N, T)
         out["advantages"] = adv * (res.weights * res.mask).to(adv.dtype).detach()  # (N, T)
-        if "alpha" in res.metrics:
-            self._aisrl["prev_alpha"] = res.metrics["alpha"].item()
         mode = "train" if self.model.training else "eval"
+        if "alpha" in res.metrics and mode == "train":  # evaluation batches do not move the EMA
+            self._aisrl["prev_alpha"] = res.metrics["alpha"].item()
         for key, value in res.metrics.items():  # already global under torch.distributed (aisrl.dist)
             self._metrics[mode][f"aisrl/{key}"].append(float(value))
         return out

@@ -26,8 +26,10 @@ token weights (none at all, values capped at a threshold, zeros inside the mask,
 
 verl calls the loss once per micro-batch, and ranks may run different numbers of micro-batches, so the
 correction statistics (alpha and the diagnostics) are computed per micro-batch on each rank
-(`aisrl.dist.local_only`), not all-reduced. Workers must import this module: set
-`VERL_USE_EXTERNAL_MODULES=aisrl.integrations.verl` (install() runs at import) or call install() in a plugin.
+(`aisrl.dist.local_only`), not all-reduced, and an AIS `ema` smooths alpha over that rank's successive
+micro-batches (its time scale is in micro-batches, not steps). Workers must register the losses: set
+`VERL_USE_EXTERNAL_MODULES=aisrl.integrations.verl_plugin` (importing it calls install()), or call install()
+from your own plugin.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ def check_raw_weights(w: torch.Tensor | None, mask: torch.Tensor) -> None:
     if not torch.isfinite(v).all() or (v <= 0).any():
         raise _settings_error("rollout_is_weights has zeros or non-finite values inside the response mask "
                               "(a rejection/IcePop threshold such as '0.5_2.0' was applied)")  # fmt: skip
+    if (v == 1).all():
+        return  # bit-identical engines: raw weights that are all exactly 1
     lengths = on.sum(-1)
     multi = lengths > 1
     if multi.sum() >= 2:
@@ -74,7 +78,7 @@ def check_raw_weights(w: torch.Tensor | None, mask: torch.Tensor) -> None:
         if (spread == 0).all():
             raise _settings_error("rollout_is_weights are constant within every sequence (rollout_is=sequence)")
     top = v.max()
-    if top > 1.0 and (v == top).sum() >= max(3, v.numel() // 50):
+    if top > 1.0 and (v == top).sum() >= 3:  # raw exp(log-ratio) values practically never tie
         raise _settings_error(f"rollout_is_weights look truncated at {top.item():g} (many tokens share the maximum)")
 
 
