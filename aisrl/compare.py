@@ -352,7 +352,8 @@ def publish(cfg: CompareConfig, result: dict, root: str | Path = ".") -> None:
     root = Path(root)
     write_json(root / "benchmarks/results/compare.json", result)
     plot(result, root / "benchmarks/results/compare.png")
-    args = " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["compare"] else ""
+    argv = [a for a in sys.argv[1:] if not a.startswith(("jobs=", "publish="))]  # how it ran, not how it was shown
+    args = " ".join(shlex.quote(a) for a in argv) if argv[:1] == ["compare"] else ""
     command = f"aisrl {args}" if args else f"aisrl compare {cfg.preset} (see benchmarks/results/compare.json)"
     body = (f"Command: `{command}`  \nMachine: {result['machine']['processor']}, {result['machine']['cpus']} CPUs, "
             f"torch {result['machine']['torch']}; {result['max_steps']} steps per run.\n\n{table(result)}\n\n"
