@@ -258,10 +258,18 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
                     "alpha_early", "alpha_late", "k3_kl_early", "k3_kl_late", "ess_early", "ess_late",
                     "alpha_kl_corr"):  # fmt: skip
             g[key] = _mean_std([r[key] for r in rs])
-        g["reward_last_fifth"] = _mean_std([_fifths([{"r": x} for x in r["reward"]], "r")[1] for r in rs])
+        g["reward_last_fifth"] = _mean_std([_last_fifth(r) for r in rs])
         g["collapses"] = sum(r["collapsed"] for r in rs)
         g["time_share"] = {k: _mean_std([r["time_share"][k] for r in rs])[0] for k in TIMES}
+    ref = groups.get(REFERENCE, {}).get("runs", {})
+    for g in groups.values():  # paired by seed: same prompts and sampling seeds as the reference run
+        seeds = [s for s in g["runs"] if s in ref]
+        g["reward_vs_reference"] = _mean_std([_last_fifth(g["runs"][s]) - _last_fifth(ref[s]) for s in seeds])
     return {"config": asdict(cfg), "max_steps": max_steps, "machine": machine(), "groups": groups}
+
+
+def _last_fifth(run: dict) -> float:
+    return _fifths([{"r": x} for x in run["reward"]], "r")[1]
 
 
 def _pm(ms, scale: float = 100.0, digits: int = 1) -> str:
@@ -277,9 +285,9 @@ def _arrow(g: dict, key: str, digits: int = 3) -> str:
 def table(result: dict) -> str:
     """Markdown table: one row per group, the reference first."""
     head = ("| rollout | correction | seeds | held-out start % | final % | best % | collapses | train-prompt start % "
-            "| final % | reward (last fifth) "
+            "| final % | reward (last fifth) | Δ reward vs full precision (paired) "
             "| alpha early → late | k3 KL early → late | ESS/N early → late | rollout share | s/step |")  # fmt: skip
-    lines = [head, "|" + "---|" * 15]
+    lines = [head, "|" + "---|" * 16]
     for g in result["groups"].values():
         n = len(g["runs"])
         if not n:
@@ -288,6 +296,7 @@ def table(result: dict) -> str:
             f"| {'full precision' if g['format'] == 'none' else g['format']} | {g['method']} | {n} "
             f"| {_pm(g['eval_start'])} | {_pm(g['eval_final'])} | {_pm(g['eval_best'])} | {g['collapses']}/{n} "
             f"| {_pm(g['fit_start'])} | {_pm(g['fit_final'])} | {_pm(g['reward_last_fifth'], 1, 3)} "
+            f"| {_pm(g.get('reward_vs_reference', (None, None)), 1, 3)} "
             f"| {_arrow(g, 'alpha')} | {_arrow(g, 'k3_kl', 2)} "
             f"| {_arrow(g, 'ess')} | {g['time_share']['time_rollout'] * 100:.0f}% "
             f"| {g['seconds_per_step'][0]:.2f} |"

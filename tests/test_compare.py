@@ -30,6 +30,9 @@ def test_reduced_study_runs_end_to_end_and_resumes(tmp_path, capsys):
     ref, fp8_none, ais = (result["groups"][k]["runs"]["0"] for k in ("reference", "fp8_e4m3_w8a8/none",
                                                                        "fp8_e4m3_w8a8/ais"))  # fmt: skip
     assert all(a is None for a in fp8_none["alpha"]) and all(0 <= a <= 1 for a in ais["alpha"])
+    assert result["groups"]["reference"]["reward_vs_reference"] == [0.0, 0.0]  # paired with itself
+    last = lambda run: statistics.fmean(run["reward"][-1:])  # noqa: E731 - 2 steps: the last fifth is step 2
+    assert result["groups"]["fp8_e4m3_w8a8/ais"]["reward_vs_reference"][0] == pytest.approx(last(ais) - last(ref))
     # full-precision rollouts come from an exact copy of the trainer: no mismatch; FP8 rollouts have some
     assert max(ref["k3_kl"]) < 1e-10 < min(fp8_none["k3_kl"])
     assert (out / "compare.png").exists() and "| full precision | none | 1 |" in capsys.readouterr().out
@@ -93,7 +96,7 @@ def test_publish_writes_results_and_benchmarks_section(tmp_path):
     publish(cfg, result, root=tmp_path)
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "kept" in text and "<!-- BEGIN compare -->" in text
-    assert "| int4 | none | 1 | 25.0 ± 0.0 | 30.0 ± 0.0 | 30.0 ± 0.0 | 0/1 |" in text
+    assert "| int4 | none | 1 | 25.0 ± 0.0 | 30.0 ± 0.0 | 30.0 ± 0.0 | 0/1 |" in text and "| - |" in text
     assert (tmp_path / "benchmarks/results/compare.png").exists()
 
 
