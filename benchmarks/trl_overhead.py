@@ -2,7 +2,7 @@
 
     python benchmarks/trl_overhead.py [steps]
 
-A 2-layer Llama (width 128, 64-token word vocabulary), 32 completions of up to 32 tokens per step, on CPU.
+A 4-layer Llama (width 256, 64-token word vocabulary), 32 completions of up to 64 tokens per step, on CPU.
 Variants: TRL as shipped (HF generate, no correction); AISGRPOTrainer with correction='none' and a
 full-precision aisrl rollout copy (our generator, nothing corrected); with correction='ais' (adds the
 trainer-precision old log-prob pass and the correction); and with an FP8 W8A8 rollout copy (adds
@@ -33,7 +33,7 @@ def setup():
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
-    cfg = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+    cfg = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
                       num_key_value_heads=4, pad_token_id=0, eos_token_id=1, bos_token_id=2)  # fmt: skip
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg)
@@ -66,7 +66,7 @@ def run(variant: str, steps: int) -> float:
     model, tok, ds = setup()
     args = GRPOConfig(output_dir=f"/tmp/aisrl_trl_bench/{variant}", use_cpu=True, bf16=False,
                       gradient_checkpointing=False, per_device_train_batch_size=32, num_generations=8,
-                      max_completion_length=32, max_steps=steps + 1, logging_steps=1, report_to="none",
+                      max_completion_length=64, max_steps=steps + 1, logging_steps=1, report_to="none",
                       save_strategy="no", learning_rate=1e-4, seed=0, disable_tqdm=True)  # fmt: skip
     timer = StepTimer()
     cb = type("CB", (TrainerCallback,), {"on_step_begin": timer.on_step_begin, "on_step_end": timer.on_step_end})()
@@ -88,7 +88,7 @@ def main(steps: int = 5):
     for v, s in res.items():
         print(f"{v:>14}: {s:.3f} s/step ({s / res['trl']:.2f}x TRL)")
     data = {"seconds_per_step": res, "steps": steps, "machine": machine(),
-            "workload": "Llama 2x128, 32 completions x <=32 tokens, 8 prompts x 8 generations"}  # fmt: skip
+            "workload": "Llama 4x256, 32 completions x <=64 tokens, 4 prompts x 8 generations"}  # fmt: skip
     write_json(ROOT / "benchmarks/results/trl_overhead.json", data)
     m = machine()
     lines = ["| trainer | s/step | vs TRL |", "|---|---|---|"]
