@@ -69,6 +69,16 @@ def _masked_aggregate(per_tok: torch.Tensor, m: torch.Tensor, agg: str, horizon:
     return (per_tok * m).sum() / (n_seq * horizon)  # seq-mean-token-sum-norm
 
 
+def _check_inputs(logp, old_logp, mask, dual_clip, ref_logp=None, kl_coef=0.0) -> None:
+    if logp.shape != old_logp.shape or logp.shape != mask.shape or logp.dim() != 2:
+        raise ValueError(f"logp, old_logp and mask must share one (N, T) shape; got {tuple(logp.shape)}, "
+                         f"{tuple(old_logp.shape)}, {tuple(mask.shape)}")  # fmt: skip
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (it bounds the loss of negative advantages), got {dual_clip}")
+    if ref_logp is None and kl_coef:
+        raise ValueError("kl_coef > 0 needs ref_logp (log-probs under the reference policy)")
+
+
 def clipped_surrogate(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -81,8 +91,7 @@ def clipped_surrogate(
 
     Returns (l, ratio, log_ratio, clipped, dual), each (N, T); `clipped`/`dual` flag tokens where the clip or
     the dual clip is active. Shared by grpo_loss and the verl adapter (which aggregates with verl's agg_loss)."""
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (it bounds the loss of negative advantages), got {dual_clip}")
+    _check_inputs(logp, old_logp, on, dual_clip)
     adv = adv.detach().to(logp.dtype)
     adv = adv[:, None] if adv.dim() == 1 else adv  # (N, 1) or (N, T)
     adv = torch.where(on, adv, 0.0)  # (N, T)
@@ -119,20 +128,12 @@ def grpo_loss(
     """Clipped policy loss of GRPO with mismatch weights; returns (scalar loss, detached metrics)."""
     if agg not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {agg!r}; choose from {list(AGGREGATIONS)}")
-    if logp.shape != old_logp.shape or logp.shape != mask.shape or logp.dim() != 2:
-        raise ValueError(
-            f"logp, old_logp and mask must share one (N, T) shape; got {tuple(logp.shape)}, "
-            f"{tuple(old_logp.shape)}, {tuple(mask.shape)}"
-        )
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (it bounds the loss of negative advantages), got {dual_clip}")
+    _check_inputs(logp, old_logp, mask, dual_clip, ref_logp, kl_coef)
     if agg == "seq-mean-token-sum-norm" and not (isinstance(horizon, int) and horizon > 0):
         raise ValueError(
             "agg='seq-mean-token-sum-norm' needs horizon=<max completion length> (a constant, not the padded "
             f"width, so padding and sharding cannot change the loss); got horizon={horizon!r}"
         )
-    if ref_logp is None and kl_coef:
-        raise ValueError("kl_coef > 0 needs ref_logp (log-probs under the reference policy)")
     m = mask.detach().to(logp.dtype)  # (N, T)
     on = m > 0
     pg, ratio, log_ratio, clipped, dual = clipped_surrogate(logp, old_logp, adv, on, clip, dual_clip)
@@ -188,13 +189,7 @@ def tbpo_loss(
     'seq-mean' (the objective is per sequence); `horizon` is accepted for a uniform loss signature."""
     if agg != "seq-mean":
         raise ValueError(f"tbpo aggregates per sequence; agg must be 'seq-mean', got {agg!r}")
-    if logp.shape != old_logp.shape or logp.shape != mask.shape or logp.dim() != 2:
-        raise ValueError(f"logp, old_logp and mask must share one (N, T) shape; got {tuple(logp.shape)}, "
-                         f"{tuple(old_logp.shape)}, {tuple(mask.shape)}")  # fmt: skip
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (it bounds the loss of negative advantages), got {dual_clip}")
-    if ref_logp is None and kl_coef:
-        raise ValueError("kl_coef > 0 needs ref_logp (log-probs under the reference policy)")
+    _check_inputs(logp, old_logp, mask, dual_clip, ref_logp, kl_coef)
     m = mask.detach().to(logp.dtype)  # (N, T)
     on = m > 0
     lens = m.sum(-1)  # (N,)

@@ -95,3 +95,15 @@ def save_model(model, path: str | Path, tokenizer=None) -> None:
     clean.save_pretrained(path)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
+
+
+def word_tokenizer(n_words: int):
+    """A Hugging Face tokenizer over the words w0 .. w{n-1} (ids 3 ..) with <pad>=0, <bos>=1, <eos>=2 (the ids
+    of `tiny_config`), built locally: for tiny runs of engines that need a real tokenizer (TRL), no download."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, **{f"w{i}": i + 3 for i in range(n_words)}}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")

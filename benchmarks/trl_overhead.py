@@ -26,17 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def setup():
     from datasets import Dataset
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{f"w{i}": i + 3 for i in range(61)}}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
-    cfg = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=4, pad_token_id=0, eos_token_id=1, bos_token_id=2)  # fmt: skip
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
+    from aisrl.models import tiny_model, word_tokenizer
+
+    tok = word_tokenizer(61)
+    model = tiny_model("tiny-llama", vocab_size=64, hidden=256, layers=4)
     g = torch.Generator().manual_seed(0)
     prompts = [" ".join(f"w{i}" for i in torch.randint(0, 61, (8,), generator=g).tolist()) for _ in range(64)]
     return model, tok, Dataset.from_dict({"prompt": prompts})

@@ -12,23 +12,15 @@ import os
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
 from aisrl.integrations.trl import AISGRPOTrainer  # noqa: E402
+from aisrl.models import tiny_model, word_tokenizer  # noqa: E402
 
-# A word-level tokenizer and a randomly initialised 2-layer Llama: no downloads.
-vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{f"w{i}": i + 3 for i in range(29)}}
-tk = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-tk.pre_tokenizer = pre_tokenizers.Whitespace()
-tokenizer = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
-torch.manual_seed(0)
-model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=4, pad_token_id=0, eos_token_id=1,
-                                     bos_token_id=2))  # fmt: skip
+# A word-level tokenizer (w0 .. w28) and a randomly initialised 2-layer Llama: no downloads.
+tokenizer = word_tokenizer(29)
+model = tiny_model("tiny-llama", vocab_size=32, hidden=64, layers=2)
 dataset = Dataset.from_dict({"prompt": [f"w{i} w{i + 1} w{i + 2}" for i in range(3, 20)]})
 
 

@@ -14,17 +14,10 @@ from aisrl.integrations.trl import AISGRPOTrainer  # noqa: E402
 
 
 def tiny_setup():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from aisrl.models import tiny_model, word_tokenizer
 
-    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{f"w{i}": i + 3 for i in range(29)}}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
-    cfg = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=2, pad_token_id=0, eos_token_id=1, bos_token_id=2)  # fmt: skip
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
+    tok = word_tokenizer(29)
+    model = tiny_model("tiny-llama", vocab_size=32, hidden=32, layers=1)
     ds = datasets.Dataset.from_dict({"prompt": ["w1 w2 w3", "w4 w5", "w6 w7 w8 w9", "w10 w11"]})
     return model, tok, ds
 

@@ -48,3 +48,14 @@ def test_smollm2_gguf_loads_generates_and_saves(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(again(ids).logits, model(ids).logits)
     assert tok2 is not None and tok2.decode(prompt) == tok.decode(prompt)
+
+
+def test_word_tokenizer_matches_tiny_model_ids():
+    from aisrl.models import tiny_config, word_tokenizer
+
+    tok = word_tokenizer(5)
+    cfg = tiny_config("tiny-llama", vocab_size=8)
+    ids_of = lambda o: (o.pad_token_id, o.bos_token_id, o.eos_token_id)  # noqa: E731
+    assert ids_of(tok) == ids_of(cfg)
+    ids = tok("w0 w4 w2")["input_ids"]
+    assert ids == [3, 7, 5] and tok.decode(ids) == "w0 w4 w2" and len(tok) == 8
