@@ -191,8 +191,8 @@ def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
-def _fifths(rows: list[dict], key: str) -> tuple[float | None, float | None]:
-    vals = [r.get(key) for r in rows]
+def _fifths(vals: list) -> tuple[float | None, float | None]:
+    """Means of the first and the last fifth of a per-step series (None values skipped)."""
     n = max(1, len(vals) // 5)
     return _mean_std(vals[:n])[0], _mean_std(vals[-n:])[0]
 
@@ -220,11 +220,11 @@ def summarize_run(rows: list[dict], collapse_fraction: float) -> dict:
     }
     smooth = _smooth(out["reward"], 10)
     peak = max(smooth[9:] or smooth, default=0.0)  # full 10-step windows only (an early partial one is noise)
-    late = _fifths(rows, "reward")[1]
+    late = _fifths(out["reward"])[1]
     out["collapsed"] = bool(late is not None and peak > 0 and late < collapse_fraction * peak)
     for key in ("alpha", *DIAGNOSTICS, "k3_kl", "ess"):
         out[key] = [r.get(key) for r in rows]
-        out[f"{key}_early"], out[f"{key}_late"] = _fifths(rows, key)
+        out[f"{key}_early"], out[f"{key}_late"] = _fifths(out[key])
     out["alpha_kl_corr"] = _corr(out["alpha"], out["k3_kl"])  # does alpha move with the mismatch?
     return out
 
@@ -269,7 +269,7 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
 
 
 def _last_fifth(run: dict) -> float:
-    return _fifths([{"r": x} for x in run["reward"]], "r")[1]
+    return _fifths(run["reward"])[1]
 
 
 def _pm(ms, scale: float = 100.0, digits: int = 1) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from aisrl.diffusion import DiffusionParams, diffusion_generate, tiny_diffusion_model
+from aisrl.diffusion import DiffusionParams, tiny_diffusion_model
 from aisrl.lab import CharTokenizer, LabConfig, _cache_dir, completion_text, lab_task, prompt_text, publish_cache
 
 
@@ -29,16 +29,12 @@ def encode_prompt(tok: CharTokenizer, p) -> list[int]:
 
 
 def diffusion_accuracy(model, tok, task, problems, params: DiffusionParams) -> float:
-    """Greedy (temperature 0) accuracy: the completion is decoded up to its first EOS."""
-    greedy = DiffusionParams(params.gen_length, params.block_length, params.steps, 0.0, params.remasking)
-    x, _ = diffusion_generate(model, [encode_prompt(tok, p) for p in problems], greedy, mask_id=mask_id_of(tok))
-    comp = x[:, -params.gen_length :]
-    texts = [tok.decode(_until_eos(row.tolist(), tok.eos_token_id)) for row in comp]
-    return sum(task.reward(t, p)[1] for t, p in zip(texts, problems, strict=True)) / len(problems)
+    """Greedy (temperature 0) accuracy, scored as the trainer scores it (completion up to its first EOS)."""
+    from aisrl.policy import DiffusionPolicy
+    from aisrl.trainer import evaluate
 
-
-def _until_eos(ids: list[int], eos: int) -> list[int]:
-    return ids[: ids.index(eos)] if eos in ids else ids
+    policy = DiffusionPolicy(params, mask_id_of(tok), tok.pad_token_id, tok.eos_token_id)
+    return evaluate(model, tok, task, lambda p: encode_prompt(tok, p), problems, policy)
 
 
 def diffusion_lab_model(cfg: LabConfig, params: DiffusionParams, verbose: bool = True):
