@@ -21,7 +21,7 @@ def _mismatch(args) -> int:
     from aisrl.config import apply_overrides
     from aisrl.doctor import DoctorConfig, main
 
-    cfg = DoctorConfig(model=args.model, task=args.task)
+    cfg = DoctorConfig(model=args.model, task=args.task, preset=args.preset or "")
     if args.formats:
         cfg.formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     apply_overrides(cfg, args.overrides)
@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     mis.add_argument("--model", default="smollm2", help="smollm2, a tiny-* model or a local HF directory")
     mis.add_argument("--formats", help="comma-separated presets from aisrl.quant.PRESETS")
     mis.add_argument("--task", default="arithmetic", help="prompt source")
+    mis.add_argument("--preset", help="diagnose a training preset's model, prompts and sampling (lab, diffusion_lab)")
     mis.add_argument("--out", default="runs/mismatch", help="output directory (JSON + PNG)")
     mis.add_argument("overrides", nargs="*", help="e.g. prompts=32 max_new_tokens=128 temperature=0.7")
     mis.set_defaults(func=_mismatch)

@@ -152,7 +152,7 @@ def diffusion_generate(model, prompts: list[list[int]], params: DiffusionParams,
             u = torch.stack([torch.rand(2, x.shape[1], generator=gen) for gen in gens])  # (B, 2, L) per-row draws
             if params.temperature > 0:  # inverse-CDF sampling: row i's draws depend only on its own seed
                 cdf = (logits / params.temperature).softmax(-1).cumsum(-1)  # (B, L, V)
-                x0 = torch.searchsorted(cdf, u[:, 0, :, None]).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+                x0 = torch.searchsorted(cdf, u[:, 0, :, None].contiguous()).squeeze(-1).clamp(max=logits.shape[-1] - 1)
             else:
                 x0 = logits.argmax(-1)  # (B, L)
             low_conf = params.remasking == "low_confidence"

@@ -7,6 +7,12 @@ probability error) plus the time of one `sync_weights`. Writes JSON and a PNG hi
 log-ratios per format.
 
     aisrl mismatch --model smollm2 --formats fp8_e4m3_w8a8,fp8_e5m2_w8a8,int4 --task arithmetic
+    aisrl mismatch --preset diffusion_lab --formats fp8_e4m3_w8a8,mxfp4_w4a4
+
+With `--preset` the doctor examines exactly what that training preset would roll out: its model (the lab
+models included, causal or masked-diffusion), its task's training prompts and its sampling settings. Both
+kinds go through `aisrl.policy` (`sample` with the quantised copy, `score` with the full-precision model), so
+a diffusion model is measured with d1's log-prob estimate, as its trainer sees it.
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ from pathlib import Path
 import torch
 
 from aisrl.correction import correct
+from aisrl.policy import CausalPolicy
 from aisrl.quant import quant_config, quantize_, sync_weights
-from aisrl.rollout import SamplingParams, generate, logprobs
+from aisrl.rollout import SamplingParams
 
 REPORTED = ["k3_kl", "kl", "ess", "chi2_token", "chi2_seq", "logprob_abs_diff_mean", "logprob_abs_diff_max",
             "ratio_frac_above_2", "ratio_frac_below_half", "token_prob_mult_error"]  # fmt: skip
@@ -43,7 +50,10 @@ TASKS = {"arithmetic": arithmetic_questions}
 @dataclass
 class DoctorConfig:
     model: str = "smollm2"
-    """'smollm2', a tiny-* model or a local Hugging Face directory."""
+    """'smollm2', a tiny-* model or a local Hugging Face directory (ignored when `preset` is set)."""
+    preset: str = ""
+    """A training preset or YAML file (e.g. lab, diffusion_lab): diagnose its model, task prompts and sampling
+    settings; `model`, `task`, `max_new_tokens` and `temperature` are then the preset's."""
     formats: list[str] = field(default_factory=lambda: ["fp8_e4m3_w8a8", "fp8_e5m2_w8a8", "int4"])
     """Quantisation presets (aisrl.quant.PRESETS) to examine."""
     task: str = "arithmetic"
@@ -70,16 +80,33 @@ def _prompt_ids(cfg: DoctorConfig, tok) -> list[list[int]]:
     return [tok(q).input_ids for q in questions]
 
 
-def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:
-    """Run the doctor; returns {format: {metric: value, ..., "log_ratios": [...]}}."""
-    for name in cfg.formats:
-        quant_config(name)  # fail fast on an unknown preset, before loading anything
+def _subject(cfg: DoctorConfig, model, tok):
+    """(model, prompts, policy) under examination: a training preset's, or a model with the doctor's prompts."""
+    if cfg.preset:
+        from aisrl.train_config import load_config
+        from aisrl.trainer import build, make_policy
+
+        tcfg = load_config(cfg.preset)
+        model, tok, task, encode = build(tcfg)
+        prompts = [encode(p) for p in task.problems("train", cfg.prompts, seed=cfg.seed)]
+        return model, prompts, make_policy(tcfg, tok)
     if model is None:
         from aisrl.models import load_model
 
         model, tok = load_model(cfg.model)
     prompts = _prompt_ids(cfg, tok)
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+    pad = tok.pad_token_id if tok is not None else model.config.pad_token_id
+    eos = tok.eos_token_id if tok is not None else model.config.eos_token_id
+    return model, prompts, CausalPolicy(params, 0 if pad is None else pad, eos, tokenizer=tok)
+
+
+def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:
+    """Run the doctor; returns {format: {metric: value, ..., "log_ratios": [...]}}."""
+    for name in cfg.formats:
+        quant_config(name)  # fail fast on an unknown preset, before loading anything
+    model, prompts, policy = _subject(cfg, model, tok)
+    model.eval()
     seeds = [cfg.seed * 100_003 + i for i in range(len(prompts))]
     out = {}
     for name in cfg.formats:
@@ -87,10 +114,10 @@ def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:
         rollout = quantize_(copy.deepcopy(model), qcfg)
         sync_s = sync_weights(model, rollout)
         t0 = time.perf_counter()
-        r = generate(rollout, prompts, params, seeds=seeds, tokenizer=tok, kv_cache_fp8=qcfg.kv_cache)
+        r = policy.sample(rollout, prompts, seeds, step=0, kv_fp8=qcfg.kv_cache)
         gen_s = time.perf_counter() - t0
         with torch.no_grad():
-            old = logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, params)
+            old = policy.score(model, r, 0)
         m = correct("none", old, r.rollout_logp, r.completion_mask).metrics
         out[name] = {k: m[k].item() for k in REPORTED}
         out[name].update(tokens=int(r.completion_mask.sum()), sync_seconds=sync_s, generate_seconds=gen_s,

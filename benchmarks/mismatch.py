@@ -1,8 +1,10 @@
-"""Mismatch table for SmolLM2-135M-Instruct per rollout format (issue 3): writes
-benchmarks/results/mismatch_smollm2.json, runs/mismatch_smollm2/logratio_hist.png and the `mismatch`
-section of BENCHMARKS.md.
+"""Mismatch tables per rollout format (issues 3, 4, 7): SmolLM2-135M-Instruct by default, or the model a
+training preset trains (the causal lab model, the diffusion lab model). Writes
+benchmarks/results/mismatch_<subject>.json, runs/mismatch_<subject>/logratio_hist.png and the
+`mismatch` (SmolLM2) or `mismatch_<preset>` section of BENCHMARKS.md.
 
     python benchmarks/mismatch.py [prompts=16 max_new_tokens=64 ...]
+    python benchmarks/mismatch.py preset=diffusion_lab prompts=64
 """
 
 import sys
@@ -16,17 +18,27 @@ ROOT = Path(__file__).resolve().parent.parent
 FORMATS = ["bf16", "fp8_e4m3_tensor", "fp8_e4m3", "fp8_e4m3_block", "fp8_e4m3_tensor_w8a8", "fp8_e4m3_w8a8",
            "fp8_e4m3_block_w8a8", "fp8_e4m3_w8a8_kv", "fp8_e5m2", "fp8_e5m2_w8a8", "int8_w8a8", "int4", "mxfp4",
            "nvfp4"]  # fmt: skip
+LAB_FORMATS = FORMATS + ["mxfp4_w4a4", "nvfp4_w4a4"]  # the harsh settings of the comparison study
 
 if __name__ == "__main__":
     cfg = apply_overrides(DoctorConfig(model="smollm2", formats=FORMATS), sys.argv[1:])
-    result = main(cfg, ROOT / "runs/mismatch_smollm2")
+    if cfg.preset and cfg.formats == FORMATS and not any(a.startswith("formats=") for a in sys.argv[1:]):
+        cfg.formats = LAB_FORMATS
+    subject = Path(cfg.preset).stem if cfg.preset else cfg.model
+    result = main(cfg, ROOT / f"runs/mismatch_{subject}")
     slim = {f: {k: v for k, v in r.items() if k != "log_ratios"} for f, r in result.items()}
-    write_json(ROOT / "benchmarks/results/mismatch_smollm2.json", {"config": cfg.__dict__, "formats": slim})
+    write_json(ROOT / f"benchmarks/results/mismatch_{subject}.json", {"config": cfg.__dict__, "formats": slim})
     cmd = "python benchmarks/mismatch.py" + "".join(f" {a}" for a in sys.argv[1:])
+    if cfg.preset:
+        what = (f"the `{cfg.preset}` training preset's model, {cfg.prompts} of its training prompts, its sampling "
+                f"settings (one completion each), seed {cfg.seed}")  # fmt: skip
+        alias = f"aisrl mismatch --preset {cfg.preset} --formats ..."
+    else:
+        what = (f"{cfg.prompts} arithmetic prompts x {cfg.max_new_tokens} sampled tokens at temperature "
+                f"{cfg.temperature}, seed {cfg.seed}")  # fmt: skip
+        alias = f"aisrl mismatch --model {cfg.model} --formats ..."
     body = (
-        f"Command: `{cmd}` (= `aisrl mismatch --model smollm2 --formats ...`), {cfg.prompts} arithmetic prompts "
-        f"x {cfg.max_new_tokens} sampled tokens at temperature {cfg.temperature}, seed {cfg.seed}; 2 CPUs, FP32 "
-        "trainer vs fake-quantised rollout copy (lm_head kept in full precision). `sync_seconds`: one "
-        "`sync_weights` of the full model.\n\n" + table(slim)
+        f"Command: `{cmd}` (= `{alias}`), {what}; 2 CPUs, FP32 trainer vs fake-quantised rollout copy (lm_head "
+        "kept in full precision). `sync_seconds`: one `sync_weights` of the full model.\n\n" + table(slim)
     )
-    update_section(ROOT / "BENCHMARKS.md", "mismatch", body)
+    update_section(ROOT / "BENCHMARKS.md", "mismatch" + (f"_{subject}" if cfg.preset else ""), body)

@@ -33,3 +33,19 @@ def test_unknown_format_fails_before_loading(capsys):
     assert "unknown quantisation preset 'fp7'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown task"):
         diagnose(DoctorConfig(model="tiny-llama", task="chess"), tiny_model(), None)
+
+
+@pytest.mark.parametrize("kind", ["causal", "diffusion"])
+def test_preset_diagnoses_the_lab_models_as_their_trainer_scores_them(tmp_path, monkeypatch, kind):
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
+    gen = "{max_new_tokens: 40}" if kind == "diffusion" else "{max_new_tokens: 8}"
+    (tmp_path / "tiny.yaml").write_text(
+        f"model: {{name: lab, kind: {kind}}}\n"
+        "lab: {task: sudoku4, hidden: 32, layers: 1, sft_max_steps: 0}\n"
+        f"rollout: {gen}\ndiffusion: {{block_length: 8, steps: 5}}\n"
+    )
+    cfg = DoctorConfig(preset=str(tmp_path / "tiny.yaml"), formats=["fp8_e4m3_w8a8", "mxfp4_w4a4"], prompts=4)
+    res = diagnose(cfg)
+    for r in res.values():
+        assert 0 < r["tokens"] <= 4 * 40 and len(r["log_ratios"]) == r["tokens"]
+    assert 0 < res["fp8_e4m3_w8a8"]["k3_kl"] < res["mxfp4_w4a4"]["k3_kl"]
