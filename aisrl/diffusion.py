@@ -137,13 +137,15 @@ def diffusion_generate(model, prompts: list[list[int]], params: DiffusionParams,
         attn[i, : p - len(ids)] = False
         x[i, p - len(ids) : p] = torch.tensor(ids)
     gens = [torch.Generator().manual_seed(s) for s in (seeds or range(b))]
+    device = next(model.parameters()).device  # the model may sit on a GPU; the sampler's state stays on the CPU
+    attn_dev = attn.to(device)
     blocks = g // params.block_length
     per_block = params.steps // blocks
     for blk in range(blocks):
         lo, hi = p + blk * params.block_length, p + (blk + 1) * params.block_length
         schedule = transfer_schedule((x[:, lo:hi] == mask_id).sum(-1), per_block)  # (B, per_block)
         for step in range(per_block):
-            logits = model(x, attention_mask=attn).logits.float()  # (B, L, V)
+            logits = model(x.to(device), attention_mask=attn_dev).logits.float().cpu()  # (B, L, V)
             logits[..., mask_id] = -torch.inf  # a committed token is never [MASK]
             masked = x == mask_id
             masked[:, :lo] = False
@@ -181,7 +183,8 @@ def diffusion_logprobs(model, x: torch.Tensor, attn: torch.Tensor, prompt_len: i
     prompt_masked = (draws < p_mask) & attn[:, :prompt_len]
     noisy[:, :prompt_len] = torch.where(prompt_masked, mask_id, x[:, :prompt_len])
     noisy[:, prompt_len:] = mask_id
-    logits = model(noisy, attention_mask=attn).logits[:, prompt_len:].float()  # (B, T, V)
-    target = x[:, prompt_len:]
-    logp = logits.log_softmax(-1).gather(-1, target[..., None]).squeeze(-1)  # (B, T)
+    device = next(model.parameters()).device
+    logits = model(noisy.to(device), attention_mask=attn.to(device)).logits[:, prompt_len:].float()  # (B, T, V)
+    target = x[:, prompt_len:].to(device)
+    logp = logits.log_softmax(-1).gather(-1, target[..., None]).squeeze(-1).to(x.device)  # (B, T)
     return torch.where(completion_mask, logp, 0.0)

@@ -62,7 +62,8 @@ def tiny_model(name: str = "tiny-llama", seed: int = 0, **kw):
 
 
 def load_model(name_or_path: str, dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) for 'smollm2', a tiny-* name (tokenizer None) or a local HF directory."""
+    """(model, tokenizer) for 'smollm2', a tiny-* name (tokenizer None), a local HF directory, or an ORG/NAME
+    repository id already in the local Hugging Face cache (offline: nothing is downloaded)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name_or_path in TINY:
@@ -74,9 +75,12 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32):
         return model.eval(), tok
     path = Path(name_or_path)
     if not path.is_dir():
+        path = _hub_cache_dir(name_or_path)
+    if path is None:
         raise FileNotFoundError(
-            f"model {name_or_path!r} is neither 'smollm2', a tiny model ({sorted(TINY)}) nor a local "
-            "Hugging Face directory (nothing is downloaded)"
+            f"model {name_or_path!r} is neither 'smollm2', a tiny model ({sorted(TINY)}), a local Hugging Face "
+            "directory nor a repository id in the local Hugging Face cache (nothing is downloaded: fetch it "
+            "beforehand, e.g. `huggingface-cli download ORG/NAME`, or pass its directory)"
         )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
     tok_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -84,6 +88,18 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32):
     if any((path / f).exists() for f in tok_files):
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return model.eval(), tok
+
+
+def _hub_cache_dir(repo_id: str) -> Path | None:
+    """The snapshot directory of `ORG/NAME` in the local Hugging Face cache (HF_HUB_CACHE), or None."""
+    if repo_id.count("/") != 1 or repo_id.startswith((".", "/")):
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # not cached (LocalEntryNotFoundError), or a malformed id (HFValidationError)
+        return None
 
 
 def save_model(model, path: str | Path, tokenizer=None) -> None:

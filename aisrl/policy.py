@@ -48,6 +48,7 @@ class DiffusionPolicy:
     eos_id: int
     p_mask: float = 0.15
     seed: int = 0
+    micro_batch: int = 64
 
     def _rollout(self, model, prompts, seeds, greedy: bool, step: int) -> Rollout:
         from aisrl.diffusion import DiffusionParams, diffusion_generate
@@ -74,8 +75,22 @@ class DiffusionPolicy:
 
         x = torch.cat([r.prompt_ids, r.completion_ids], dim=1)
         attn = torch.cat([r.prompt_mask, torch.ones_like(r.completion_mask)], dim=1)
-        return diffusion_logprobs(model, x, attn, r.prompt_ids.shape[1], r.completion_mask, mask_id=self.mask_id,
-                                  p_mask=self.p_mask, seed=self.seed * 1_000_003 + step)  # fmt: skip
+        out = []  # micro-batches: the masking draws are per position, so a row scores as inside the whole batch
+        for s in range(0, x.shape[0], self.micro_batch):
+            sl = slice(s, s + self.micro_batch)
+            out.append(
+                diffusion_logprobs(
+                    model,
+                    x[sl],
+                    attn[sl],
+                    r.prompt_ids.shape[1],
+                    r.completion_mask[sl],
+                    mask_id=self.mask_id,
+                    p_mask=self.p_mask,
+                    seed=self.seed * 1_000_003 + step,
+                )
+            )
+        return torch.cat(out, dim=0)
 
     def greedy(self, model, prompts) -> Rollout:
         return self._rollout(model, prompts, None, True, 0)

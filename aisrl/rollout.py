@@ -226,7 +226,7 @@ def logprobs(
         hidden = hidden[:, P - 1 : -1]  # (b, T, H): the state that predicts each completion token
         rows = []
         for c in range(0, hidden.shape[1], chunk):
-            lp = process_logits(head(hidden[:, c : c + chunk]), params)  # (b, c, V)
+            lp = process_logits(head(hidden[:, c : c + chunk]).float(), params)  # (b, c, V) FP32 under autocast
             tgt = completion_ids[sl, c : c + chunk].to(device)
             rows.append(lp.gather(-1, tgt[..., None]).squeeze(-1))  # (b, c)
         out.append(torch.cat(rows, dim=1))

@@ -92,6 +92,12 @@ class TrainConfig:
     """GRPO steps."""
     output_dir: str = "runs/lab"
     """Where checkpoints, metrics.jsonl and the report go; re-running with the same directory resumes."""
+    device: str = "auto"
+    """Where the trainer, rollout and reference models run: 'auto' (the local GPU when CUDA is present, else the
+    CPU; under torchrun each rank takes cuda:LOCAL_RANK), 'cpu', 'cuda' or 'cuda:N'."""
+    precision: str = "fp32"
+    """Trainer-side forward passes (old log-probs, updates): 'fp32', or 'bf16' autocast over FP32 master
+    weights (for GPUs; on CPUs BF16 is many times slower than FP32)."""
     task: str = "arithmetic"
     """Task name (aisrl.tasks.TASKS); the lab model's task comes from lab.task."""
     dataset: str = ""

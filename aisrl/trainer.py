@@ -83,7 +83,7 @@ def make_policy(cfg: TrainConfig, tok):
         from aisrl.diffusion_lab import mask_id_of
 
         return DiffusionPolicy(_diffusion_params(cfg), mask_id_of(tok), tok.pad_token_id, tok.eos_token_id,
-                               cfg.diffusion.p_mask, cfg.seed)  # fmt: skip
+                               cfg.diffusion.p_mask, cfg.seed, cfg.micro_batch)  # fmt: skip
     params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
     return CausalPolicy(params, tok.pad_token_id or 0, tok.eos_token_id, cfg.micro_batch, tok)
 
@@ -120,6 +120,9 @@ def validate(cfg: TrainConfig) -> None:
         _diffusion_params(cfg)  # raises on a bad block/step geometry
     if cfg.group_size < 2:
         raise ValueError("group_size must be >= 2 (GRPO advantages compare completions of one prompt)")
+    resolve_device(cfg.device)  # raises on a bad name or a GPU that is not there
+    if cfg.precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {cfg.precision!r}; choose from {sorted(PRECISIONS)}")
     for key in ("max_steps", "prompts_per_step", "micro_batch", "epochs", "eval_every", "checkpoint_every",
                 "eval_problems", "train_problems"):  # fmt: skip
         if getattr(cfg, key) < 1:
@@ -135,21 +138,47 @@ def _correction_options(cfg: TrainConfig, prev_alpha):
     return opts
 
 
-def _init_distributed() -> tuple[int, int]:
-    """(rank, world) - joins the torchrun process group (gloo on CPU) when launched by torchrun."""
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+"""Trainer-side precision -> autocast dtype (None: plain FP32)."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' | 'cpu' | 'cuda' | 'cuda:N' -> the device this process trains on (checked to exist)."""
+    import os
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and "LOCAL_RANK" in os.environ:
+        name = f"cuda:{os.environ['LOCAL_RANK']}"  # torchrun: one GPU per rank
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"device {name!r} is not a device name; use auto, cpu, cuda or cuda:N") from e
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {name!r}: the trainer runs on cpu or cuda")
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise ValueError(f"device {name!r} asked for, but this machine has {torch.cuda.device_count()} CUDA "
+                         "devices; use device=cpu (or auto)")  # fmt: skip
+    return dev
+
+
+def _init_distributed(device: torch.device) -> tuple[int, int]:
+    """(rank, world) - joins the torchrun process group when launched by torchrun: gloo for the CPU tensors
+    (statistics, losses), NCCL for CUDA ones (gradients) when the models are on GPUs."""
     import os
 
     import torch.distributed as dist
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("gloo")  # the trainer keeps tensors on the CPU
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
 def train(cfg: TrainConfig, log=print) -> dict:
     """Run (or resume) GRPO; returns the summary dict. Under torchrun: data parallel over prompts."""
     validate(cfg)
-    rank, world = _init_distributed()
+    device = resolve_device(cfg.device)
+    rank, world = _init_distributed(device)
     if cfg.prompts_per_step % world:
         raise ValueError(f"prompts_per_step ({cfg.prompts_per_step}) must divide evenly over {world} processes")
     log = log if rank == 0 else (lambda _: None)
@@ -161,7 +190,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         torch.distributed.barrier()
     model, tok, task, encode = build(cfg)
     torch.manual_seed(cfg.seed)  # after build: the same state whether or not the lab model came from the cache
-    model.train()
+    model.to(device).train()
     rollout = copy.deepcopy(model).eval()
     if cfg.rollout.quant != "none":
         quantize_(rollout, quant_config(cfg.rollout.quant))
@@ -236,7 +265,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         else:
             model.eval()  # no dropout noise in old_logp, hence in the ratios and the correction weights
             with torch.no_grad():
-                old_logp = policy.score(model, r, step)
+                old_logp = _score_at(policy, model, r, step, cfg.precision)
             model.train()
         t["time_logprob"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -250,7 +279,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         t["time_correction"] = time.perf_counter() - t0
         # 4. mu epochs of the clipped loss over micro-batches, one optimizer step per epoch
         t0 = time.perf_counter()
-        score = functools.partial(_score_at, policy, step=step)  # this step's scoring (diffusion: its seed)
+        score = functools.partial(_score_at, policy, step=step, precision=cfg.precision)  # (diffusion: its seed)
         loss_metrics = _update(cfg, model, ref, opt, r, old_logp, adv, res, score)
         sched.step()
         t["time_train"] = time.perf_counter() - t0
@@ -273,8 +302,12 @@ def train(cfg: TrainConfig, log=print) -> dict:
     return write_report(out)
 
 
-def _score_at(policy, model, rows, step):
-    return policy.score(model, rows, step)
+def _score_at(policy, model, rows, step, precision="fp32"):
+    """Trainer-side log-probs of this step's rollouts, under autocast when precision is bf16."""
+    dtype = PRECISIONS[precision]
+    device = next(model.parameters()).device
+    with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        return policy.score(model, rows, step).float()
 
 
 def _update(cfg, model, ref, opt, r, old_logp, adv, res, score) -> dict:

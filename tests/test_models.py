@@ -21,11 +21,30 @@ def test_tiny_models_are_deterministic_and_save(name, tmp_path):
     assert tok is None
 
 
-def test_unknown_model_is_a_clear_error():
-    with pytest.raises(FileNotFoundError, match="neither 'smollm2', a tiny model"):
+def test_unknown_model_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))  # an empty cache
+    with pytest.raises(FileNotFoundError, match="neither 'smollm2', a tiny model.*nothing is downloaded"):
         load_model("Qwen/Qwen3-8B")
     with pytest.raises(ValueError, match="unknown tiny model"):
         tiny_model("tiny-gpt")
+
+
+def test_repository_id_loads_from_the_local_hub_cache_offline(tmp_path, monkeypatch):
+    from aisrl.models import word_tokenizer
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "models--acme--tiny-chat"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snap = repo / "snapshots" / commit
+    model = tiny_model("tiny-qwen2", seed=3)
+    save_model(model, snap, word_tokenizer(50))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    loaded, tok = load_model("acme/tiny-chat")
+    ids = torch.tensor([[1, 5, 6, 7]])
+    torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
+    assert tok is not None and tok.pad_token_id == 0
 
 
 @pytest.mark.slow
