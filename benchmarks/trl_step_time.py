@@ -1,0 +1,111 @@
+"""Our GRPO step beside TRL's `GRPOTrainer` on SmolLM2-135M-Instruct, same model, batch and lengths (issue 4).
+
+    python benchmarks/trl_step_time.py [steps]
+
+Workload: the `smollm2_arithmetic` preset's: 8 arithmetic prompts x 8 completions of up to 96 tokens at
+temperature 0.7, chat template, lenient reward, micro-batches of 16, one optimizer step per batch, FP32 on the
+CPU. Variants, all in one process, one after the other:
+- `trl`: trl.GRPOTrainer as shipped (HF generate; with one PPO epoch it reuses the training forward for the
+  old log-probs, so it does no separate recompute);
+- `aisrl fp32`: our trainer with full-precision rollouts, no correction, old log-probs recomputed;
+- `aisrl fp32 bypass`: the same with `correction.bypass=true` (the engine's log-probs serve as old log-probs:
+  the work TRL does);
+- `aisrl fp8 + ais`: the preset as shipped (fake-quantised FP8 W8A8 rollouts, AIS).
+Mean seconds per optimizer step over `steps` steps (each step generates its own batch). Writes
+benchmarks/results/trl_step_time.json and the `trl_step_time` section of BENCHMARKS.md.
+"""
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from aisrl.bench.report import machine, update_section, write_json
+
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+ROOT = Path(__file__).resolve().parent.parent
+PRESET = "smollm2_arithmetic"
+SHARED = ["prompts_per_step=8", "group_size=8", "eval_every=100000", "checkpoint_every=100000"]
+OURS = {
+    "aisrl fp32": ["rollout.quant=none", "correction.name=none"],
+    "aisrl fp32 bypass": ["rollout.quant=none", "correction.name=none", "correction.bypass=true"],
+    "aisrl fp8 + ais": [],
+}
+
+
+def run_trl(steps: int) -> list[float]:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from aisrl.tasks import INSTRUCTION
+    from aisrl.train_config import load_config
+    from aisrl.trainer import build
+
+    cfg = load_config(PRESET, SHARED)
+    model, tok, task, _ = build(cfg)
+    problems = task.problems("train", cfg.prompts_per_step * steps, seed=0)
+    by_question = {p.question: p for p in problems}
+    ds = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"{p.question}\n{INSTRUCTION}"}] for p in problems],
+                            "question": [p.question for p in problems]})  # fmt: skip
+
+    def reward(prompts, completions, question, **kw):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [task.reward(t, by_question[q])[0] for t, q in zip(texts, question, strict=True)]
+
+    times, t0 = [], [0.0]
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            t0[0] = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            times.append(time.perf_counter() - t0[0])
+
+    n = cfg.prompts_per_step * cfg.group_size
+    args = GRPOConfig(output_dir="/tmp/aisrl_trl_step", use_cpu=True, bf16=False, gradient_checkpointing=False,
+                      per_device_train_batch_size=cfg.micro_batch, gradient_accumulation_steps=n // cfg.micro_batch,
+                      num_generations=cfg.group_size, max_completion_length=cfg.rollout.max_new_tokens,
+                      temperature=cfg.rollout.temperature, learning_rate=cfg.lr, beta=0.0, max_steps=steps,
+                      logging_steps=1, report_to="none", save_strategy="no", seed=0, disable_tqdm=True,
+                      shuffle_dataset=False)  # fmt: skip
+    GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok,
+                callbacks=[Timer()]).train()  # fmt: skip
+    return times
+
+
+def run_ours(name: str, steps: int) -> dict:
+    from aisrl.train_config import load_config
+    from aisrl.trainer import train
+
+    out = ROOT / f"runs/trl_step_time/{name.replace(' ', '_').replace('+', 'plus')}"
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = load_config(PRESET, [*SHARED, *OURS[name], f"max_steps={steps}", f"output_dir={out}"])
+    return train(cfg, log=lambda _: None)["seconds_per_step"]
+
+
+def main(steps: int = 2):
+    phases = ["time_rollout", "time_sync", "time_logprob", "time_correction", "time_train"]
+    trl_times = run_trl(steps)
+    res = {"trl": {"step": sum(trl_times) / len(trl_times), "steps": trl_times}}
+    for name in OURS:
+        sec = run_ours(name, steps)
+        res[name] = {"step": sum(sec[p] for p in phases), **{p[5:]: sec[p] for p in phases}}
+    base = res["trl"]["step"]
+    for name, r in res.items():
+        print(f"{name:>18}: {r['step']:.1f} s/step ({r['step'] / base:.2f}x TRL)")
+    m = machine()
+    write_json(ROOT / "benchmarks/results/trl_step_time.json", {"steps": steps, "machine": m, "results": res})
+    lines = ["| trainer | s/step | vs TRL | rollout | log-prob recompute | train |", "|---|---|---|---|---|---|"]
+    for name, r in res.items():
+        split = " | ".join(f"{r[k]:.1f}" if k in r else "-" for k in ("rollout", "logprob", "train"))
+        lines.append(f"| {name} | {r['step']:.1f} | {r['step'] / base:.2f}x | {split} |")
+    body = (f"Command: `python benchmarks/trl_step_time.py {steps}`  \nMachine: {m['processor']}, {m['cpus']} CPUs, "
+            f"torch {m['torch']}. SmolLM2-135M-Instruct FP32, 8 prompts x 8 completions, <= 96 new tokens, "
+            f"micro-batch 16; mean of {steps} optimizer steps per trainer.\n\n" + "\n".join(lines))  # fmt: skip
+    update_section(ROOT / "BENCHMARKS.md", "trl_step_time", body)
+
+
+if __name__ == "__main__":
+    main(*(int(a) for a in sys.argv[1:]))
