@@ -94,7 +94,7 @@ def _eval(args) -> int:
         ) from e
 
     held = task.problems("test", cfg.eval_problems, seed=cfg.seed + 1)
-    acc = evaluate(model, tok, task, encode, held, make_policy(cfg, tok))
+    acc = evaluate(model, tok, task, encode, held, make_policy(cfg, tok, model))
     print(f"{ckpt}: held-out greedy accuracy {acc:.3f} on {len(held)} problems")
     return 0
 

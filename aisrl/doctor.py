@@ -89,7 +89,7 @@ def _subject(cfg: DoctorConfig, model, tok):
         tcfg = load_config(cfg.preset)
         model, tok, task, encode = build(tcfg)
         prompts = [encode(p) for p in task.problems("train", cfg.prompts, seed=cfg.seed)]
-        return model, prompts, make_policy(tcfg, tok)
+        return model, prompts, make_policy(tcfg, tok, model)
     if model is None:
         from aisrl.models import load_model
 

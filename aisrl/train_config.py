@@ -35,6 +35,8 @@ class DiffusionSettings:
     """Commit order: 'low_confidence' (most probable first) or 'random'."""
     p_mask: float = 0.15
     """d1 log-probs: probability of masking each prompt token (seeded per step, shared by rollout and trainer)."""
+    mask_id: int = -1
+    """[MASK] token id (-1: the checkpoint config's `mask_token_id`, else the tokenizer's; LLaDA-8B uses 126336)."""
 
 
 @dataclass

@@ -38,12 +38,7 @@ from aisrl.train_config import TrainConfig
 
 def build(cfg: TrainConfig):
     """(model, tokenizer, task, encode_prompt) for the configured model and task."""
-    from aisrl.tasks import INSTRUCTION, make_task
-
-    if cfg.model.kind == "diffusion":
-        if cfg.model.name != "lab":
-            raise ValueError("model.kind=diffusion trains the diffusion lab model (model.name=lab); load a LLaDA "
-                             "checkpoint with aisrl.diffusion.load_diffusion_model for your own loop")  # fmt: skip
+    if cfg.model.name == "lab" and cfg.model.kind == "diffusion":
         from aisrl.diffusion_lab import diffusion_lab_model, encode_prompt
         from aisrl.lab import lab_task
 
@@ -54,20 +49,42 @@ def build(cfg: TrainConfig):
 
         model, tok, _ = lab_model(cfg.lab)
         return model, tok, lab_task(cfg.lab), lambda p: [tok.bos_token_id] + tok.encode(prompt_text(p))
-    from aisrl.models import load_model
+    if cfg.model.kind == "diffusion":  # a LLaDA-style checkpoint directory with its remote code
+        from transformers import AutoTokenizer
 
-    model, tok = load_model(cfg.model.name)
-    if tok is None:
-        raise ValueError(f"model {cfg.model.name!r} has no tokenizer; use model.name=lab or a directory with one")
+        from aisrl.diffusion import load_diffusion_model
+
+        model = load_diffusion_model(cfg.model.name)
+        tok = AutoTokenizer.from_pretrained(cfg.model.name, trust_remote_code=True, local_files_only=True)
+    else:
+        from aisrl.models import load_model
+
+        model, tok = load_model(cfg.model.name)
+        if tok is None:
+            raise ValueError(f"model {cfg.model.name!r} has no tokenizer; use model.name=lab or a directory with one")
+    return model, tok, _file_or_named_task(cfg), _chat_encoder(tok)
+
+
+def _file_or_named_task(cfg: TrainConfig):
+    from aisrl.tasks import make_task
+
     file_task = cfg.task in ("jsonl", "dataset")
-    task = make_task(cfg.task, lenient=cfg.lenient_reward, **({"path": cfg.dataset} if file_task else {}))
+    return make_task(cfg.task, lenient=cfg.lenient_reward, **({"path": cfg.dataset} if file_task else {}))
+
+
+def _chat_encoder(tok):
+    """Problem -> prompt ids: the question and the answer-format instruction as one user turn of the chat template
+    (plain text when the tokenizer has no template)."""
+    from aisrl.tasks import INSTRUCTION
 
     def encode(p):
-        msgs = [{"role": "user", "content": f"{p.question}\n{INSTRUCTION}"}]
-        ids = tok.apply_chat_template(msgs, add_generation_prompt=True)
+        text = f"{p.question}\n{INSTRUCTION}"
+        if not getattr(tok, "chat_template", None):
+            return list(tok(text).input_ids)
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
         return list(ids if isinstance(ids[0], int) else ids["input_ids"])
 
-    return model, tok, task, encode
+    return encode
 
 
 def _diffusion_params(cfg: TrainConfig):
@@ -77,15 +94,29 @@ def _diffusion_params(cfg: TrainConfig):
     return DiffusionParams(cfg.rollout.max_new_tokens, d.block_length, d.steps, cfg.rollout.temperature, d.remasking)
 
 
-def make_policy(cfg: TrainConfig, tok):
-    """How this model kind samples and scores (aisrl.policy)."""
-    if cfg.model.kind == "diffusion":
+def _mask_id(cfg: TrainConfig, tok, model) -> int:
+    """The [MASK] id of a diffusion model: diffusion.mask_id, else the checkpoint's config, else the tokenizer's."""
+    if cfg.diffusion.mask_id >= 0:
+        return cfg.diffusion.mask_id
+    if cfg.model.name == "lab":
         from aisrl.diffusion_lab import mask_id_of
 
-        return DiffusionPolicy(_diffusion_params(cfg), mask_id_of(tok), tok.pad_token_id, tok.eos_token_id,
+        return mask_id_of(tok)
+    for found in (getattr(getattr(model, "config", None), "mask_token_id", None), getattr(tok, "mask_token_id", None)):
+        if found is not None:
+            return int(found)
+    raise ValueError(f"cannot tell the [MASK] token id of {cfg.model.name!r} (neither its config nor its tokenizer "
+                     "names one): set diffusion.mask_id (LLaDA-8B uses 126336)")  # fmt: skip
+
+
+def make_policy(cfg: TrainConfig, tok, model=None):
+    """How this model kind samples and scores (aisrl.policy); `model` tells a diffusion checkpoint's [MASK] id."""
+    pad = tok.pad_token_id or 0
+    if cfg.model.kind == "diffusion":
+        return DiffusionPolicy(_diffusion_params(cfg), _mask_id(cfg, tok, model), pad, tok.eos_token_id,
                                cfg.diffusion.p_mask, cfg.seed, cfg.micro_batch)  # fmt: skip
     params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
-    return CausalPolicy(params, tok.pad_token_id or 0, tok.eos_token_id, cfg.micro_batch, tok)
+    return CausalPolicy(params, pad, tok.eos_token_id, cfg.micro_batch, tok)
 
 
 def completion_texts(tok, r) -> list[str]:
@@ -203,7 +234,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
-    policy = make_policy(cfg, tok)
+    policy = make_policy(cfg, tok, model)
     pool = task.problems("train", cfg.train_problems, seed=cfg.seed)
     held = task.problems("test", cfg.eval_problems, seed=cfg.seed + 1)
     fit = pool[: cfg.eval_problems]  # training prompts: how well RL fits what it trains on, next to held-out

@@ -41,3 +41,98 @@ def test_identical_rollout_and_trainer_give_weights_of_exactly_one(tmp_path):
 def test_bad_diffusion_geometry_is_named(tmp_path, capsys):
     assert main(["train", "lab", *TINY, "diffusion.block_length=7", f"output_dir={tmp_path}"]) == 2
     assert "multiple of block_length=7" in capsys.readouterr().err
+
+
+CONFIG_CODE = """
+from transformers import PretrainedConfig
+
+
+class TinyMDMConfig(PretrainedConfig):
+    model_type = "tinymdm"
+
+    def __init__(self, vocab_size=64, hidden=32, layers=1, mask_token_id=None, **kwargs):
+        self.vocab_size, self.hidden, self.layers, self.mask_token_id = vocab_size, hidden, layers, mask_token_id
+        super().__init__(**kwargs)
+"""
+MODEL_CODE = """
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import MaskedLMOutput
+
+from aisrl.diffusion import MaskedDiffusionLM
+
+from .configuration_tinymdm import TinyMDMConfig
+
+
+class TinyMDM(PreTrainedModel):
+    config_class = TinyMDMConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.net = MaskedDiffusionLM(config.vocab_size, config.mask_token_id, config.hidden, config.layers)
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, **kwargs):
+        return MaskedLMOutput(logits=self.net(input_ids, attention_mask).logits)
+"""
+
+
+def remote_code_checkpoint(path):
+    """A LLaDA-format directory: config.json with an auto_map into modeling code that ships in the directory."""
+    import importlib.util
+    import sys
+
+    from aisrl.models import word_tokenizer
+
+    path.mkdir()
+    (path / "configuration_tinymdm.py").write_text(CONFIG_CODE)
+    (path / "modeling_tinymdm.py").write_text(MODEL_CODE)
+    pkg = f"tinymdm_{abs(hash(str(path)))}"
+    spec = importlib.util.spec_from_file_location(pkg, path / "__init__.py", submodule_search_locations=[str(path)])
+    (path / "__init__.py").write_text("")
+    sys.modules[pkg] = importlib.util.module_from_spec(spec)
+    from importlib import import_module
+
+    cfg_cls = import_module(f"{pkg}.configuration_tinymdm").TinyMDMConfig
+    model_cls = import_module(f"{pkg}.modeling_tinymdm").TinyMDM
+    config = cfg_cls(mask_token_id=63, auto_map={"AutoConfig": "configuration_tinymdm.TinyMDMConfig",
+                                                 "AutoModel": "modeling_tinymdm.TinyMDM"})  # fmt: skip
+    model_cls(config).save_pretrained(path)
+    (path / "__init__.py").unlink()
+    word_tokenizer(60).save_pretrained(path)
+
+
+def test_llada_format_checkpoint_trains_through_the_same_cli(tmp_path):
+    ckpt = tmp_path / "tiny-llada"
+    remote_code_checkpoint(ckpt)
+    from aisrl.diffusion import load_diffusion_model
+
+    assert load_diffusion_model(str(ckpt)).config.mask_token_id == 63
+    out = tmp_path / "run"
+    args = ["train", f"model.name={ckpt}", "model.kind=diffusion", "task=sudoku4", "rollout.max_new_tokens=8",
+            "diffusion.block_length=4", "diffusion.steps=2", "prompts_per_step=2", "group_size=2",
+            "eval_problems=2", "train_problems=4", "max_steps=1", "eval_every=1",
+            "rollout.quant=fp8_e4m3_w8a8", "correction.name=ais", f"output_dir={out}"]  # fmt: skip
+    assert main(args) == 0
+    (row,) = rows(out)
+    assert row["k3_kl"] > 0 and row["num_tokens"] > 0 and 0 <= row["alpha"] <= 1
+
+
+def test_diffusion_checkpoint_without_a_mask_id_is_named(tmp_path, capsys):
+    ckpt = tmp_path / "tiny-llada"
+    remote_code_checkpoint(ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    del cfg["mask_token_id"]
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    args = [
+        "train",
+        f"model.name={ckpt}",
+        "model.kind=diffusion",
+        "task=sudoku4",
+        "rollout.max_new_tokens=8",
+        "diffusion.block_length=4",
+        "diffusion.steps=2",
+        "max_steps=1",
+        f"output_dir={tmp_path / 'run'}",
+    ]
+    assert main(args) == 2
+    assert "set diffusion.mask_id (LLaDA-8B uses 126336)" in capsys.readouterr().err
