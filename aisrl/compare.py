@@ -355,16 +355,18 @@ def plot(result: dict, path: Path) -> None:
 
 
 def publish(cfg: CompareConfig, result: dict, root: str | Path = ".") -> None:
-    """benchmarks/results/compare.{json,png} and the `compare` section of BENCHMARKS.md."""
+    """benchmarks/results/<name>.{json,png} and the `<name>` section of BENCHMARKS.md: `compare` for the lab
+    preset, `compare_<preset>` for any other (so studies of different presets keep their own tables)."""
     from aisrl.bench.report import update_section, write_json
 
     root = Path(root)
-    write_json(root / "benchmarks/results/compare.json", result)
-    plot(result, root / "benchmarks/results/compare.png")
+    name = "compare" if cfg.preset == "lab" else f"compare_{Path(cfg.preset).stem}"
+    write_json(root / f"benchmarks/results/{name}.json", result)
+    plot(result, root / f"benchmarks/results/{name}.png")
     argv = [a for a in sys.argv[1:] if not a.startswith(("jobs=", "publish="))]  # how it ran, not how it was shown
     args = " ".join(shlex.quote(a) for a in argv) if argv[:1] == ["compare"] else ""
-    command = f"aisrl {args}" if args else f"aisrl compare {cfg.preset} (see benchmarks/results/compare.json)"
+    command = f"aisrl {args}" if args else f"aisrl compare {cfg.preset} (see benchmarks/results/{name}.json)"
     body = (f"Command: `{command}`  \nMachine: {result['machine']['processor']}, {result['machine']['cpus']} CPUs, "
             f"torch {result['machine']['torch']}; {result['max_steps']} steps per run.\n\n{table(result)}\n\n"
-            "![comparison](benchmarks/results/compare.png)\n")  # fmt: skip
-    update_section(root / "BENCHMARKS.md", "compare", body)
+            f"![comparison](benchmarks/results/{name}.png)\n")  # fmt: skip
+    update_section(root / "BENCHMARKS.md", name, body)

@@ -98,6 +98,11 @@ def test_publish_writes_results_and_benchmarks_section(tmp_path):
     assert "kept" in text and "<!-- BEGIN compare -->" in text
     assert "| int4 | none | 1 | 25.0 ± 0.0 | 30.0 ± 0.0 | 30.0 ± 0.0 | 0/1 |" in text and "| - |" in text
     assert (tmp_path / "benchmarks/results/compare.png").exists()
+    cfg.preset = "diffusion_lab"  # another preset's study keeps its own section and files
+    publish(cfg, result, root=tmp_path)
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "<!-- BEGIN compare -->" in text and "<!-- BEGIN compare_diffusion_lab -->" in text
+    assert (tmp_path / "benchmarks/results/compare_diffusion_lab.json").exists()
 
 
 @pytest.mark.parametrize(
