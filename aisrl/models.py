@@ -102,12 +102,19 @@ def _hub_cache_dir(repo_id: str) -> Path | None:
         return None
 
 
-def save_model(model, path: str | Path, tokenizer=None) -> None:
-    """save_pretrained that also works for GGUF-loaded models (weights copied into a clean model)."""
+def plain_copy(model):
+    """The same weights in a freshly built model: a GGUF-loaded model carries its quantiser's marks, which
+    `save_pretrained` and Hugging Face's Trainer refuse; the copy has none."""
     from transformers import AutoModelForCausalLM
 
     clean = AutoModelForCausalLM.from_config(model.config, dtype=next(model.parameters()).dtype)
     clean.load_state_dict(model.state_dict())
+    return clean.train(model.training)
+
+
+def save_model(model, path: str | Path, tokenizer=None) -> None:
+    """save_pretrained that also works for GGUF-loaded models (weights copied into a clean model)."""
+    clean = plain_copy(model)
     clean.save_pretrained(path)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)

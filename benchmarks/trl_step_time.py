@@ -43,8 +43,11 @@ def run_trl(steps: int) -> list[float]:
     from aisrl.train_config import load_config
     from aisrl.trainer import build
 
+    from aisrl.models import plain_copy
+
     cfg = load_config(PRESET, SHARED)
     model, tok, task, _ = build(cfg)
+    model = plain_copy(model)  # the GGUF-loaded model carries quantiser marks that HF's Trainer refuses to train
     problems = task.problems("train", cfg.prompts_per_step * steps, seed=0)
     by_question = {p.question: p for p in problems}
     ds = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"{p.question}\n{INSTRUCTION}"}] for p in problems],
