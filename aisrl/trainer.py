@@ -13,6 +13,7 @@ Outputs in `output_dir`: metrics.jsonl (one row per step), checkpoints/, report.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -25,7 +26,7 @@ import torch
 from aisrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from aisrl.correction import CORRECTIONS, correct
 from aisrl.dist import all_sum, world_size
-from aisrl.lora import apply_lora, merged_state
+from aisrl.lora import apply_lora, is_peft, merged_state
 from aisrl.losses import AGGREGATIONS, LOSSES, group_advantages
 from aisrl.policy import CausalPolicy, DiffusionPolicy
 from aisrl.qarl import align_, error_tokens, set_alignment
@@ -226,11 +227,12 @@ def train(cfg: TrainConfig, log=print) -> dict:
     if cfg.rollout.quant != "none":
         quantize_(rollout, quant_config(cfg.rollout.quant))
     kv_fp8 = getattr(getattr(rollout, "quant_config", None), "kv_cache", False)
-    ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+    ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 and cfg.lora.r == 0 else None
     if cfg.rollout.align:  # QaRL: the trainer computes in the rollout format, gradients reach FP32 weights
         align_(model, quant_config(cfg.rollout.quant))
     if cfg.lora.r > 0:
         model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.targets, cfg.lora.dropout)
+        ref = model if cfg.kl_coef > 0 else None  # the reference is the base model: adapters off, no copy
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
@@ -341,6 +343,19 @@ def _score_at(policy, model, rows, step, precision="fp32"):
         return policy.score(model, rows, step).float()
 
 
+@contextlib.contextmanager
+def _as_reference(ref):
+    """Score with the reference policy: a frozen copy as is, or a LoRA model with its adapters switched off
+    (the d1 recipe's reference, without a second copy of the weights), in eval mode either way."""
+    was = ref.training
+    ref.eval()
+    try:
+        with ref.disable_adapter() if is_peft(ref) else contextlib.nullcontext():
+            yield
+    finally:
+        ref.train(was)
+
+
 def _update(cfg, model, ref, opt, r, old_logp, adv, res, score) -> dict:
     n = r.completion_ids.shape[0]
     mask = res.mask
@@ -357,7 +372,7 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, score) -> dict:
             logp = score(model, rows)
             ref_logp = None
             if ref is not None:
-                with torch.no_grad():
+                with torch.no_grad(), _as_reference(ref):
                     ref_logp = score(ref, rows)
             loss, m = LOSSES[cfg.loss](logp, old_logp[sl], adv[sl], mask[sl], weights=res.weights[sl],
                                        clip=(cfg.clip_low, cfg.clip_high), dual_clip=dual_clip, agg=agg,

@@ -39,11 +39,10 @@ def run_trl(steps: int) -> list[float]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from aisrl.models import plain_copy
     from aisrl.tasks import INSTRUCTION
     from aisrl.train_config import load_config
     from aisrl.trainer import build
-
-    from aisrl.models import plain_copy
 
     cfg = load_config(PRESET, SHARED)
     model, tok, task, _ = build(cfg)

@@ -58,3 +58,33 @@ def test_lora_training_moves_adapters_only(tmp_path, monkeypatch):
             continue
         plain = k.replace("base_model.model.", "", 1).replace(".base_layer", "")
         torch.testing.assert_close(v, before[plain].detach(), msg=plain)  # base weights frozen
+
+
+def test_lora_reference_is_the_base_model_with_adapters_off(tmp_path, monkeypatch):
+    import json
+
+    from conftest import TINY_LAB
+
+    from aisrl.train_config import load_config
+    from aisrl.trainer import _as_reference, train
+
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    out = tmp_path / "run"
+    cfg = [*TINY_LAB, "lr=0.01", "max_steps=3", "lora.r=4", "kl_coef=0.1", f"output_dir={out}"]
+    train(load_config("lab", cfg), log=lambda _: None)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["kl_ref"] == 0  # LoRA's B starts at zero: policy == reference, exactly
+    assert rows[2]["kl_ref"] > 0  # the adapters moved the policy away from the adapters-off model
+    plain = torch.nn.Sequential(torch.nn.Linear(3, 3))
+    peft_model = apply_lora(plain, r=2, alpha=4, targets=["0"])
+    peft_model.train()
+    for _, m in peft_model.named_modules():
+        if hasattr(m, "lora_B"):
+            torch.nn.init.normal_(m.lora_B["default"].weight)
+    x = torch.randn(2, 3)
+    base_layer = peft_model.get_base_model()[0].base_layer  # the frozen nn.Linear under the adapter
+    assert not torch.allclose(peft_model(x), base_layer(x))  # adapters on: the policy
+    with _as_reference(peft_model):
+        torch.testing.assert_close(peft_model(x), base_layer(x))  # adapters off: the reference
+    assert peft_model.training  # train mode restored
