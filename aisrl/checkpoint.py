@@ -68,7 +68,7 @@ def latest_checkpoint(output_dir) -> Path | None:
 def load_checkpoint(path: Path, model, optimizer) -> dict:
     """Restore model, optimizer and RNG state; returns {'step': ..., 'extra': ...}."""
     model.load_state_dict(load_file(path / "model.safetensors"))
-    state = torch.load(path / "state.pt", weights_only=True)
+    state = torch.load(path / "state.pt", weights_only=True, map_location="cpu")  # the optimizer moves it to its params
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"]["torch"])
     return {"step": state["step"], "extra": state["extra"]}

@@ -360,7 +360,12 @@ def publish(cfg: CompareConfig, result: dict, root: str | Path = ".") -> None:
     from aisrl.bench.report import update_section, write_json
 
     root = Path(root)
-    name = "compare" if cfg.preset == "lab" else f"compare_{Path(cfg.preset).stem}"
+    from aisrl.train_config import load_config
+
+    stem = Path(cfg.preset).stem
+    if load_config(cfg.preset, cfg.train).model.kind == "diffusion" and "diffusion" not in stem:
+        stem += "_diffusion"  # `lab model.kind=diffusion` must not overwrite the causal lab's table
+    name = "compare" if stem == "lab" else f"compare_{stem}"
     write_json(root / f"benchmarks/results/{name}.json", result)
     plot(result, root / f"benchmarks/results/{name}.png")
     argv = [a for a in sys.argv[1:] if not a.startswith(("jobs=", "publish="))]  # how it ran, not how it was shown

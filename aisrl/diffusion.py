@@ -151,27 +151,30 @@ def diffusion_generate(model, prompts: list[list[int]], params: DiffusionParams,
         lo, hi = p + blk * params.block_length, p + (blk + 1) * params.block_length
         schedule = transfer_schedule((x[:, lo:hi] == mask_id).sum(-1), per_block)  # (B, per_block)
         for step in range(per_block):
-            logits = model(x.to(device), attention_mask=attn_dev).logits.float().cpu()  # (B, L, V)
+            # only the current block can be committed: its logits alone leave the device
+            logits = model(x.to(device), attention_mask=attn_dev).logits[:, lo:hi].float().cpu()  # (B, K, V)
             logits[..., mask_id] = -torch.inf  # a committed token is never [MASK]
-            masked = x == mask_id
-            masked[:, :lo] = False
-            masked[:, hi:] = False  # only the current block may be committed
-            probs = logits.softmax(-1)  # (B, L, V) untempered: the confidence of low-confidence remasking
-            u = torch.stack([torch.rand(2, x.shape[1], generator=gen) for gen in gens])  # (B, 2, L) per-row draws
+            masked = x[:, lo:hi] == mask_id  # (B, K)
+            probs = logits.softmax(-1)  # (B, K, V) untempered: the confidence of low-confidence remasking
+            u = torch.stack([torch.rand(2, x.shape[1], generator=gen) for gen in gens])[:, :, lo:hi]  # (B, 2, K)
             if params.temperature > 0:  # inverse-CDF sampling: row i's draws depend only on its own seed
-                cdf = (logits / params.temperature).softmax(-1).cumsum(-1)  # (B, L, V)
+                cdf = (logits / params.temperature).softmax(-1).cumsum(-1)  # (B, K, V)
                 x0 = torch.searchsorted(cdf, u[:, 0, :, None].contiguous()).squeeze(-1).clamp(max=logits.shape[-1] - 1)
             else:
-                x0 = logits.argmax(-1)  # (B, L)
+                x0 = logits.argmax(-1)  # (B, K)
             low_conf = params.remasking == "low_confidence"
-            conf = probs.gather(-1, x0[..., None]).squeeze(-1) if low_conf else u[:, 1]  # (B, L)
+            conf = probs.gather(-1, x0[..., None]).squeeze(-1) if low_conf else u[:, 1]  # (B, K)
             conf = torch.where(masked, conf, -torch.inf)
-            order = torch.sort(conf, dim=-1, descending=True, stable=True).indices  # (B, L)
-            rank = torch.empty_like(x).scatter_(1, order, torch.arange(x.shape[1]).expand_as(x))  # position -> rank
+            order = torch.sort(conf, dim=-1, descending=True, stable=True).indices  # (B, K)
+            rank = torch.empty_like(order).scatter_(
+                1, order, torch.arange(hi - lo).expand_as(order)
+            )  # position -> rank
             commit = (rank < schedule[:, step : step + 1]) & masked  # the k most confident masked positions
-            x = torch.where(commit, x0, x)
+            x[:, lo:hi] = torch.where(commit, x0, x[:, lo:hi])
             if trace is not None:
-                trace.append((blk, step, commit.clone()))
+                full = torch.zeros_like(x, dtype=torch.bool)
+                full[:, lo:hi] = commit
+                trace.append((blk, step, full))
     return x, attn
 
 

@@ -260,6 +260,9 @@ def sync_weights(trainer: nn.Module | dict[str, torch.Tensor], rollout: nn.Modul
                 continue  # derived, not trained (rotary inv_freq): absent from a state dict, nothing to sync
             raise ValueError(f"sync_weights: trainer has no tensor {name!r}; is it the same architecture?")
         t.copy_(src[name])
+    p = next(rollout.parameters(), None)
+    if p is not None and p.is_cuda:
+        torch.cuda.synchronize(p.device)  # the copies are asynchronous: time them, not their launch
     return time.perf_counter() - t0
 
 

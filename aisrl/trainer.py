@@ -201,6 +201,8 @@ def _init_distributed(device: torch.device) -> tuple[int, int]:
 
     import torch.distributed as dist
 
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # this rank's GPU is the current one (NCCL, default allocations)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)

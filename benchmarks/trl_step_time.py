@@ -26,7 +26,7 @@ from aisrl.bench.report import machine, update_section, write_json
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 ROOT = Path(__file__).resolve().parent.parent
 PRESET = "smollm2_arithmetic"
-SHARED = ["prompts_per_step=8", "group_size=8", "eval_every=100000", "checkpoint_every=100000"]
+SHARED = ["prompts_per_step=8", "group_size=8", "eval_every=100000", "checkpoint_every=100000", "device=cpu"]
 OURS = {
     "aisrl fp32": ["rollout.quant=none", "correction.name=none"],
     "aisrl fp32 bypass": ["rollout.quant=none", "correction.name=none", "correction.bypass=true"],
