@@ -35,6 +35,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from aisrl.rollout import device_of
+
 
 class _Block(nn.Module):
     def __init__(self, d: int, heads: int):
@@ -123,12 +125,6 @@ def transfer_schedule(n_masked: torch.Tensor, steps: int) -> torch.Tensor:
     return base + extra  # (B, steps)
 
 
-def _device_of(model) -> torch.device:
-    """Where the model's weights are (the CPU for a weightless toy model)."""
-    p = next(model.parameters(), None) if isinstance(model, nn.Module) else None
-    return p.device if p is not None else torch.device("cpu")
-
-
 @torch.no_grad()
 def diffusion_generate(model, prompts: list[list[int]], params: DiffusionParams, *, mask_id: int, pad_id: int = 0,
                        seeds: list[int] | None = None, trace: list | None = None):  # fmt: skip
@@ -143,7 +139,7 @@ def diffusion_generate(model, prompts: list[list[int]], params: DiffusionParams,
         attn[i, : p - len(ids)] = False
         x[i, p - len(ids) : p] = torch.tensor(ids)
     gens = [torch.Generator().manual_seed(s) for s in (seeds or range(b))]
-    device = _device_of(model)  # the model may sit on a GPU; the sampler's state stays on the CPU
+    device = device_of(model)  # the model may sit on a GPU; the sampler's state stays on the CPU
     attn_dev = attn.to(device)
     blocks = g // params.block_length
     per_block = params.steps // blocks
@@ -192,7 +188,7 @@ def diffusion_logprobs(model, x: torch.Tensor, attn: torch.Tensor, prompt_len: i
     prompt_masked = (draws < p_mask) & attn[:, :prompt_len]
     noisy[:, :prompt_len] = torch.where(prompt_masked, mask_id, x[:, :prompt_len])
     noisy[:, prompt_len:] = mask_id
-    device = _device_of(model)
+    device = device_of(model)
     logits = model(noisy.to(device), attention_mask=attn.to(device)).logits[:, prompt_len:].float()  # (B, T, V)
     target = x[:, prompt_len:].to(device)
     logp = logits.log_softmax(-1).gather(-1, target[..., None]).squeeze(-1).to(x.device)  # (B, T)

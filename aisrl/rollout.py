@@ -118,6 +118,12 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, S)
 
 
+def device_of(model) -> torch.device:
+    """Where a model's weights are (the CPU for a weightless toy model): inputs go there, results come back."""
+    p = next(model.parameters(), None) if isinstance(model, torch.nn.Module) else None
+    return p.device if p is not None else torch.device("cpu")
+
+
 @torch.no_grad()
 def generate(
     model,
@@ -138,7 +144,7 @@ def generate(
     eos = torch.tensor([eos] if isinstance(eos, int) else list(eos or []), dtype=torch.long)
     if params.stop and tokenizer is None:
         raise ValueError("stop strings need the tokenizer: generate(..., tokenizer=tok)")
-    device = next(model.parameters()).device
+    device = device_of(model)
     ids, pmask = left_pad(prompts, pad_id)
     B = len(prompts)
     seeds = list(range(B)) if seeds is None else list(seeds)
@@ -215,7 +221,7 @@ def logprobs(
     """
     params = params or SamplingParams()
     body, head = model.get_decoder(), model.get_output_embeddings()
-    device = next(model.parameters()).device
+    device = device_of(model)
     P = prompt_ids.shape[1]
     out = []
     for s in range(0, prompt_ids.shape[0], micro_batch):

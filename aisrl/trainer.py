@@ -31,7 +31,7 @@ from aisrl.losses import AGGREGATIONS, LOSSES, group_advantages
 from aisrl.policy import CausalPolicy, DiffusionPolicy
 from aisrl.qarl import align_, error_tokens, set_alignment
 from aisrl.quant import quant_config, quantize_, sync_weights
-from aisrl.rollout import SamplingParams
+from aisrl.rollout import SamplingParams, device_of
 from aisrl.solrl import select_extremes
 from aisrl.tracking import Tracker
 from aisrl.train_config import TrainConfig
@@ -298,10 +298,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
         if cfg.correction.bypass:
             old_logp = r.rollout_logp
         else:
-            model.eval()  # no dropout noise in old_logp, hence in the ratios and the correction weights
-            with torch.no_grad():
+            with torch.no_grad(), _eval_mode(model):  # no dropout noise in old_logp, hence in the weights
                 old_logp = _score_at(policy, model, r, step, cfg.precision)
-            model.train()
         t["time_logprob"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         res = correct(cfg.correction.name, old_logp, r.rollout_logp, r.completion_mask,
@@ -340,22 +338,30 @@ def train(cfg: TrainConfig, log=print) -> dict:
 def _score_at(policy, model, rows, step, precision="fp32"):
     """Trainer-side log-probs of this step's rollouts, under autocast when precision is bf16."""
     dtype = PRECISIONS[precision]
-    device = next(model.parameters()).device
+    device = device_of(model)
     with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
         return policy.score(model, rows, step).float()
 
 
 @contextlib.contextmanager
+def _eval_mode(model):
+    """The model in eval mode for the block, its previous mode restored after."""
+    was = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was)
+
+
 def _as_reference(ref):
     """Score with the reference policy: a frozen copy as is, or a LoRA model with its adapters switched off
     (the d1 recipe's reference, without a second copy of the weights), in eval mode either way."""
-    was = ref.training
-    ref.eval()
-    try:
-        with ref.disable_adapter() if is_peft(ref) else contextlib.nullcontext():
-            yield
-    finally:
-        ref.train(was)
+    stack = contextlib.ExitStack()
+    stack.enter_context(_eval_mode(ref))
+    if is_peft(ref):
+        stack.enter_context(ref.disable_adapter())
+    return stack
 
 
 def _update(cfg, model, ref, opt, r, old_logp, adv, res, score) -> dict:
@@ -402,12 +408,10 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, score) -> dict:
 def evaluate(model, tok, task, encode, problems, policy) -> float:
     """Greedy accuracy of the full-precision model (QaRL-aligned layers are switched off for it, so every
     method is evaluated the same way). `policy`: aisrl.policy.CausalPolicy or DiffusionPolicy."""
-    was = model.training
-    model.eval()
     set_alignment(model, False)
     try:
-        r = policy.greedy(model, [encode(p) for p in problems])
+        with _eval_mode(model):
+            r = policy.greedy(model, [encode(p) for p in problems])
     finally:
         set_alignment(model, True)
-        model.train(was)
     return sum(task.reward(x, p)[1] for x, p in zip(completion_texts(tok, r), problems, strict=True)) / len(problems)

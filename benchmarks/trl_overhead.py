@@ -13,12 +13,11 @@ Writes benchmarks/results/trl_overhead.json and the `trl_overhead` section of BE
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-from aisrl.bench.report import machine, update_section, write_json
+from aisrl.bench.report import machine, step_timer, update_section, write_json
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,19 +39,7 @@ def reward(prompts, completions, **kwargs):
     return [float(c.count("w5")) for c in completions]
 
 
-class StepTimer:
-    def __init__(self):
-        self.times, self.t0 = [], None
-
-    def on_step_begin(self, *a, **k):
-        self.t0 = time.perf_counter()
-
-    def on_step_end(self, *a, **k):
-        self.times.append(time.perf_counter() - self.t0)
-
-
 def run(variant: str, steps: int) -> float:
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from aisrl.integrations.trl import AISGRPOTrainer
@@ -62,8 +49,7 @@ def run(variant: str, steps: int) -> float:
                       gradient_checkpointing=False, per_device_train_batch_size=32, num_generations=8,
                       max_completion_length=64, max_steps=steps + 1, logging_steps=1, report_to="none",
                       save_strategy="no", learning_rate=1e-4, seed=0, disable_tqdm=True)  # fmt: skip
-    timer = StepTimer()
-    cb = type("CB", (TrainerCallback,), {"on_step_begin": timer.on_step_begin, "on_step_end": timer.on_step_end})()
+    cb, times = step_timer()
     kw = {"model": model, "reward_funcs": reward, "args": args, "train_dataset": ds, "processing_class": tok,
           "callbacks": [cb]}  # fmt: skip
     if variant == "trl":
@@ -73,7 +59,7 @@ def run(variant: str, steps: int) -> float:
                              "aisrl-ais-fp8": ("ais", "fp8_e4m3_w8a8")}[variant]  # fmt: skip
         tr = AISGRPOTrainer(**kw, correction=correction, rollout_quant=quant)
     tr.train()
-    return statistics.median(timer.times[1:])
+    return statistics.median(times[1:])
 
 
 def main(steps: int = 5):

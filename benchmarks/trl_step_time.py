@@ -18,10 +18,9 @@ benchmarks/results/trl_step_time.json and the `trl_step_time` section of BENCHMA
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
-from aisrl.bench.report import machine, update_section, write_json
+from aisrl.bench.report import machine, step_timer, update_section, write_json
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +35,6 @@ OURS = {
 
 def run_trl(steps: int) -> list[float]:
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from aisrl.models import plain_copy
@@ -56,14 +54,7 @@ def run_trl(steps: int) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [task.reward(t, by_question[q])[0] for t, q in zip(texts, question, strict=True)]
 
-    times, t0 = [], [0.0]
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, *a, **k):
-            t0[0] = time.perf_counter()
-
-        def on_step_end(self, *a, **k):
-            times.append(time.perf_counter() - t0[0])
+    timer, times = step_timer()
 
     n = cfg.prompts_per_step * cfg.group_size
     args = GRPOConfig(output_dir="/tmp/aisrl_trl_step", use_cpu=True, bf16=False, gradient_checkpointing=False,
@@ -73,7 +64,7 @@ def run_trl(steps: int) -> list[float]:
                       logging_steps=1, report_to="none", save_strategy="no", seed=0, disable_tqdm=True,
                       shuffle_dataset=False)  # fmt: skip
     GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok,
-                callbacks=[Timer()]).train()  # fmt: skip
+                callbacks=[timer]).train()  # fmt: skip
     return times
 
 

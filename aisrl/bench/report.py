@@ -45,3 +45,23 @@ def update_section(path: str | Path, name: str, body: str) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def step_timer():
+    """(callback, times): a transformers TrainerCallback that appends each optimizer step's wall seconds to
+    `times` (for benchmarks of Hugging Face / TRL trainers; transformers is imported here, lazily)."""
+    import time
+
+    from transformers import TrainerCallback
+
+    times: list[float] = []
+    start = [0.0]
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, *args, **kwargs):
+            start[0] = time.perf_counter()
+
+        def on_step_end(self, *args, **kwargs):
+            times.append(time.perf_counter() - start[0])
+
+    return StepTimer(), times
