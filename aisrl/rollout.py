@@ -77,6 +77,14 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return x.log_softmax(-1)
 
 
+def inverse_cdf(logp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """(B, V) processed log-probs and (B,) uniforms in (0, 1) -> (B,) sampled ids: the first token whose
+    cumulative probability reaches u (a zero-probability token is never returned)."""
+    cdf = logp.exp().cumsum(-1)  # (B, V)
+    tok = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+    return torch.where(torch.isfinite(logp.gather(-1, tok[:, None]).squeeze(-1)), tok, logp.argmax(-1))
+
+
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-id lists -> (B, P) left-padded ids and bool mask."""
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -174,9 +182,7 @@ def generate(
             tok = logp.argmax(-1)
         else:
             u = torch.stack([torch.rand((), generator=g) for g in gens])  # (B,) one uniform per request
-            cdf = logp.exp().cumsum(-1)  # (B, V)
-            tok = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
-            tok = torch.where(torch.isfinite(logp.gather(-1, tok[:, None]).squeeze(-1)), tok, logp.argmax(-1))
+            tok = inverse_cdf(logp, u)
         live = ~done
         out_ids[live, t] = tok[live]
         out_logp[live, t] = logp.gather(-1, tok[:, None]).squeeze(-1)[live]

@@ -1,0 +1,453 @@
+"""A static-cache rollout engine for Llama / Mistral / Qwen2 / Qwen3 models: real FP8 GEMMs, an FP8 KV cache
+and CUDA graphs on the GPU, the same arithmetic on the CPU.
+
+Why: low-precision rollouts are only worth their mismatch if they are fast, and decoding is bound by the
+bytes it reads each step (the weights, then the KV cache). `aisrl.rollout.generate` runs any Hugging Face
+model with fake-quantised layers, which is exact but no faster. This engine re-implements the decoder
+of the common architectures with
+  - FP8 E4M3 W8A8 linears as one `torch._scaled_mm` each: weights quantised per output channel (or per
+    tensor) at every sync, activations per token at run time, y = (q_x q_w^T) * s_x s_w^T with FP32
+    accumulation, the numerics of aisrl.quant's fake-quant `fp8_e4m3_w8a8` (DeepSeek-V3, FP8-RL);
+  - fused QKV and gate/up projections (one GEMM each, scales stay per output row);
+  - a static (B, H_kv, S, D) KV cache per layer, optionally FP8 E4M3 with per-head scales calibrated on each
+    rollout's prefill (so they follow the weights after every sync), read by aisrl.kernels.decode_attention
+    without a BF16 copy;
+  - on CUDA one captured graph per (batch, sampling settings) for the whole decode step, sampling included;
+  - counter-based sampling: request b's uniform at step t is a hash of (seed_b, t), computed on the device, so
+    a completion depends only on its seed and prompt, never on its batch, and no generator state is kept.
+`generate` returns `aisrl.rollout.Rollout` with `rollout_logp` under the processed sampling distribution,
+like aisrl.rollout.generate (different random streams: the two engines sample different completions).
+
+    engine = Engine(model, "fp8_e4m3_w8a8_kv", max_len=768)   # BF16 on CUDA, FP32 on the CPU
+    r = engine.generate(prompts, SamplingParams(512), seeds=seeds, eos_id=tok.eos_token_id)
+    seconds = engine.sync(trainer_model)                       # every RL step
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from aisrl.kernels import decode_attention, triton_available
+from aisrl.quant import QuantConfig, quant_config
+from aisrl.rollout import Rollout, SamplingParams, _positions, device_of, inverse_cdf, left_pad, process_logits
+
+ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+E4M3_MAX = 448.0
+_M32 = 0xFFFFFFFF
+
+
+def fp8_rows(x: torch.Tensor, per_tensor: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M, K) -> FP8 E4M3 values (M, K) and FP32 scales (M, 1) = amax / 448 per row (or one shared amax)."""
+    amax = (x.abs().amax() if per_tensor else x.abs().amax(-1)).float().expand(x.shape[0])[:, None]  # (M, 1)
+    s = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    return (x.float() / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), s
+
+
+class Linear:
+    """One or several fused nn.Linear weights (concatenated along the output), full precision or FP8 W8A8."""
+
+    def __init__(self, n_out: int, n_in: int, bias: bool, fp8: str | None, dtype, device):
+        self.fp8 = fp8  # None, "channel" or "tensor"
+        self.w = torch.empty(n_out, n_in, dtype=torch.float8_e4m3fn if fp8 else dtype, device=device)
+        self.s = torch.empty(1, n_out, device=device) if fp8 else None  # per output row FP32 scale
+        self.b = torch.empty(n_out, dtype=dtype, device=device) if bias else None
+
+    def load(self, weights: list[torch.Tensor], biases: list[torch.Tensor] | None) -> None:
+        """Copy (and quantise) in place: captured graphs keep pointing at these buffers."""
+        if self.fp8:
+            parts = [fp8_rows(w.float(), per_tensor=self.fp8 == "tensor") for w in weights]
+            self.w.copy_(torch.cat([q for q, _ in parts]))
+            self.s.copy_(torch.cat([s for _, s in parts]).T)
+        else:
+            self.w.copy_(torch.cat(weights))
+        if self.b is not None:
+            self.b.copy_(torch.cat(biases))
+
+    def __call__(self, x) -> torch.Tensor:  # (M, n_in), or its FP8 rows and scales -> (M, n_out)
+        if self.fp8:
+            xq, sx = x if isinstance(x, tuple) else fp8_rows(x)
+            y = _fp8_mm(xq, sx, self.w, self.s, _OUT_DTYPE[xq.device.type])
+        else:
+            y = x @ self.w.t()
+        return y if self.b is None else y + self.b
+
+
+_OUT_DTYPE = {"cuda": torch.bfloat16, "cpu": torch.float32}
+FP8_SWAP_ROWS = 0
+"""On CUDA, FP8 GEMMs with at most this many rows run transposed, (w x^T)^T, so the weight is the long operand."""
+
+
+def _fp8_mm(xq, sx, w, sw, out_dtype):
+    """(xq sx)(w sw)^T with FP32 accumulation: one `torch._scaled_mm` on CUDA; on the CPU the same sum in FP32 (CPU
+    builds of torch may only take per-tensor scales)."""
+    if xq.is_cuda and xq.shape[0] <= FP8_SWAP_ROWS:
+        return torch._scaled_mm(w, xq.t(), scale_a=sw.t(), scale_b=sx.t(), out_dtype=out_dtype).t()
+    if xq.is_cuda:
+        return torch._scaled_mm(xq, w.t(), scale_a=sx, scale_b=sw, out_dtype=out_dtype)
+    return ((xq.float() @ w.float().t()) * sx * sw).to(out_dtype)
+
+
+def _rms(x, w, eps):
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rope(x, cos, sin):  # x (B, S, heads, D); cos/sin (B, S, 1, D): Hugging Face's rotate-half convention
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+# The elementwise stages between GEMMs, written as functions so that on CUDA torch.compile fuses each into one or
+# two kernels (eager PyTorch launches ~60 kernels per layer, which costs more than the FP8 GEMMs save).
+def _add_norm(x, delta, w, eps: float, fp8: bool):
+    """Residual add, RMSNorm and (FP8 engines) per-token quantisation of the result: (x, normed input)."""
+    x = x if delta is None else x + delta
+    h = _rms(x, w, eps)
+    return x, (fp8_rows(h.flatten(0, -2)) if fp8 else h.flatten(0, -2))
+
+
+def _qkv_split(qkv, qn, kn, cos, sin, ks, vs, dims: tuple, eps: float, kv_fp8: bool):
+    """(B*S, (H + 2 Hk) D) -> q (B, S, H, D) and keys/values (B, Hk, S, D) in the cache's format, after the Qwen3
+    q/k norms (when qn is given) and rotary embedding; also the unquantised keys and values."""
+    B, S, H, Hk, D = dims
+    q, k, v = qkv.view(B, S, -1).split([H * D, Hk * D, Hk * D], dim=-1)
+    q, k, v = q.view(B, S, H, D), k.view(B, S, Hk, D), v.view(B, S, Hk, D)
+    if qn is not None:
+        q, k = _rms(q, qn, eps), _rms(k, kn, eps)
+    q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+    return q, _cache_format(k, ks, kv_fp8), _cache_format(v, vs, kv_fp8), k, v
+
+
+def _cache_format(t, scale, kv_fp8: bool):  # (B, S, Hk, D) -> (B, Hk, S, D), FP8 with per-head scales
+    t = t.transpose(1, 2)
+    if not kv_fp8:
+        return t
+    return (t.float() / scale.view(1, -1, 1, 1)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def _silu_mul(gu, fp8: bool):
+    g, u = gu.chunk(2, dim=-1)
+    a = F.silu(g) * u
+    return fp8_rows(a) if fp8 else a
+
+
+def _quant(a, fp8: bool):
+    return fp8_rows(a) if fp8 else a
+
+
+def _sample(logits, seeds, t, params: SamplingParams):
+    """(B, V) logits -> sampled ids and their processed log-probs (counter-based uniforms, or argmax)."""
+    logp = process_logits(logits, params)  # (B, V) FP32
+    tok = logp.argmax(-1) if params.greedy else inverse_cdf(logp, counter_uniform(seeds, t))
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+STAGES = {"add_norm": _add_norm, "qkv": _qkv_split, "silu_mul": _silu_mul, "quant": _quant, "sample": _sample}
+
+
+def _mix32(x):  # an integer hash of 32-bit values held in int64 (low 32 bits of each product kept)
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def counter_uniform(seeds: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """(B,) int64 seeds and a step counter -> (B,) FP32 uniforms in (0, 1), identical on every device."""
+    h = _mix32((seeds & _M32) ^ _mix32(((seeds >> 32) & _M32) ^ _mix32(t & _M32)))
+    return ((h >> 8).float() + 0.5) / 2.0**24
+
+
+@dataclass
+class _State:
+    """The static buffers one batch size decodes into (CUDA graphs capture their addresses)."""
+
+    k: list  # per layer (B, Hk, S, D) keys, FP8 or the engine dtype
+    v: list
+    ks: torch.Tensor  # (L, Hk) FP32 key scales (ones without an FP8 cache)
+    vs: torch.Tensor
+    tok: torch.Tensor  # (B,) the token fed to the next step
+    pos: torch.Tensor  # (B,) its rotary position
+    slot: torch.Tensor  # (1,) its cache slot (shared: prompts are left-padded to one width)
+    start: torch.Tensor  # (B,) int32 first valid slot (after the padding)
+    end: torch.Tensor  # (B,) int32 one past the last slot attention may read
+    t: torch.Tensor  # (1,) step counter
+    seeds: torch.Tensor  # (B,) int64
+    eos: torch.Tensor  # (E,) int64 EOS ids, padded with -1
+    done: torch.Tensor  # (B,) bool
+    lengths: torch.Tensor  # (B,) int64
+    out_ids: torch.Tensor  # (B, T)
+    out_logp: torch.Tensor  # (B, T) FP32
+
+
+class Engine:
+    """See the module docstring. `quant`: None / "none" (full precision), or an FP8 E4M3 W8A8 preset of
+    aisrl.quant (tensor or channel weight scales; `_kv` adds the FP8 KV cache) or an equivalent QuantConfig.
+    `max_len` bounds prompt width + new tokens (the cache is allocated at that length); `compile` (default: on
+    CUDA) fuses the elementwise stages of the decode step with torch.compile."""
+
+    def __init__(self, model, quant: str | QuantConfig | None = None, *, max_len: int = 2048,
+                 device=None, dtype=None, cuda_graphs: bool = True, compile: bool | None = None):  # fmt: skip
+        cfg = model.config
+        if cfg.model_type not in ARCHS:
+            raise ValueError(f"Engine supports model types {list(ARCHS)}, not {cfg.model_type!r}; use "
+                             "aisrl.rollout.generate (any Hugging Face causal LM) instead")  # fmt: skip
+        if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "use_sliding_window", False):
+            raise ValueError("Engine supports SiLU MLPs without sliding-window attention")
+        qc = quant_config(quant) if isinstance(quant, str) and quant != "none" else (quant or None)
+        if qc is not None and (qc.format != "fp8_e4m3" or not qc.activations or qc.granularity == "block"):
+            raise ValueError(f"Engine runs real FP8 GEMMs: quant must be 'none' or FP8 E4M3 W8A8 with tensor or "
+                             f"channel scales (fp8_e4m3_w8a8, fp8_e4m3_tensor_w8a8, fp8_e4m3_w8a8_kv), not {qc}; "
+                             "emulate other formats with aisrl.quant.quantize_ + aisrl.rollout.generate")  # fmt: skip
+        self.device = torch.device(device) if device is not None else device_of(model)
+        self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        self.quant, self.kv_fp8, self.max_len = qc, bool(qc and qc.kv_cache), max_len
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self.use_kernel = self.device.type == "cuda" and triton_available()
+        compile = self.use_kernel if compile is None else compile  # inductor needs Triton on CUDA
+        self._fused = {k: torch.compile(f, dynamic=False) for k, f in STAGES.items()} if compile else STAGES
+        self.H, self.Hk = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.H
+        self.eps, self.sm_scale = cfg.rms_norm_eps, self.D**-0.5
+        state = _state_of(model)
+        fp8, head_fp8 = (qc.granularity if qc else None), (qc.granularity if qc and qc.lm_head else None)
+        prefix = "model." if "model.embed_tokens.weight" in state else ""
+        self.prefix, self.layers = prefix, []
+        for i in range(cfg.num_hidden_layers):
+            p = f"{prefix}layers.{i}."
+            a = p + "self_attn."
+            qkv = [state[a + f"{n}_proj.weight"] for n in "qkv"]
+            layer = {
+                "qkv": Linear(
+                    sum(w.shape[0] for w in qkv),
+                    cfg.hidden_size,
+                    a + "q_proj.bias" in state,
+                    fp8,
+                    self.dtype,
+                    self.device,
+                ),  # fmt: skip
+                "o": Linear(cfg.hidden_size, self.H * self.D, a + "o_proj.bias" in state, fp8, self.dtype, self.device),
+                "gate_up": Linear(2 * cfg.intermediate_size, cfg.hidden_size, False, fp8, self.dtype, self.device),
+                "down": Linear(cfg.hidden_size, cfg.intermediate_size, False, fp8, self.dtype, self.device),
+                "qk_norm": a + "q_norm.weight" in state,
+            }
+            self.layers.append(layer)
+        V = state[f"{prefix}embed_tokens.weight"].shape[0]
+        self.head = Linear(V, cfg.hidden_size, False, head_fp8, self.dtype, self.device)
+        self.small = {}  # embeddings and norm weights, by state name
+        self.load(state)
+        rot = model.get_decoder().rotary_emb
+        pos = torch.arange(max_len, device=rot.inv_freq.device)[None]
+        cos, sin = rot(torch.zeros((), device=rot.inv_freq.device), pos)  # (1, max_len, D), scaling included
+        self.cos, self.sin = (c[0].to(self.device, self.dtype) for c in (cos.float(), sin.float()))
+        self._st, self._graphs = None, {}
+
+    # -- weights ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def load(self, state: dict) -> None:
+        """(Re-)load weights from a {name: tensor} state (FP8 layers re-quantised), in place."""
+        p = self.prefix
+
+        def take(name):
+            if name not in state:
+                raise ValueError(f"Engine: the trainer has no tensor {name!r}; is it the same architecture?")
+            return state[name].detach().to(self.device)  # FP8 layers quantise from it, the rest cast on copy
+
+        for i, layer in enumerate(self.layers):
+            a, m = f"{p}layers.{i}.self_attn.", f"{p}layers.{i}.mlp."
+            qkv_b = [take(a + f"{n}_proj.bias") for n in "qkv"] if layer["qkv"].b is not None else None
+            layer["qkv"].load([take(a + f"{n}_proj.weight") for n in "qkv"], qkv_b)
+            o_b = [take(a + "o_proj.bias")] if layer["o"].b is not None else None
+            layer["o"].load([take(a + "o_proj.weight")], o_b)
+            layer["gate_up"].load([take(m + "gate_proj.weight"), take(m + "up_proj.weight")], None)
+            layer["down"].load([take(m + "down_proj.weight")], None)
+            names = [f"{p}layers.{i}.input_layernorm.weight", f"{p}layers.{i}.post_attention_layernorm.weight"]
+            names += [a + "q_norm.weight", a + "k_norm.weight"] if layer["qk_norm"] else []
+            for n in names:
+                self._small(n, take(n))
+        self._small("embed", take(f"{p}embed_tokens.weight"))
+        self._small("norm", take(f"{p}norm.weight"))
+        self.head.load([take("lm_head.weight") if "lm_head.weight" in state else self.small["embed"]], None)
+
+    def _small(self, name, value):
+        if name in self.small:
+            self.small[name].copy_(value)
+        else:
+            self.small[name] = value.to(self.dtype).clone()
+
+    @torch.no_grad()
+    def sync(self, trainer) -> float:
+        """Load the trainer's current weights (a module or a {name: tensor} state); returns the seconds taken."""
+        t0 = time.perf_counter()
+        self.load(trainer if isinstance(trainer, dict) else _state_of(trainer))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
+
+    # -- the decoder -----------------------------------------------------------------------------------------
+    def _layers(self, x, pos, st: _State, valid=None, width: int = 0):
+        """x (B, S, hidden) at rotary positions pos (B, S). Prefill (valid = (B, S) prompt mask) fills cache slots
+        [0, S); decode (S = 1) writes slot st.slot and attends to [st.start, st.end). Returns normed (B*S, hidden)."""
+        B, S, _ = x.shape
+        f = self._fused if valid is None else STAGES  # compiled stages for the decode step only (fixed shapes)
+        H, Hk, D, eps, fp8 = self.H, self.Hk, self.D, self.eps, self.quant is not None
+        cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # (B, S, 1, D)
+        delta = None
+        for i, layer in enumerate(self.layers):
+            n = f"{self.prefix}layers.{i}."
+            x, h = f["add_norm"](x, delta, self.small[n + "input_layernorm.weight"], eps, fp8)
+            qn = self.small.get(n + "self_attn.q_norm.weight")
+            kn = self.small.get(n + "self_attn.k_norm.weight")
+            qkv = layer["qkv"](h)  # (B*S, (H + 2 Hk) D)
+            if valid is not None and self.kv_fp8:  # calibrate per-head scales on this rollout's prompts
+                _, _, _, k, v = f["qkv"](qkv, qn, kn, cos, sin, st.ks[i], st.vs[i], (B, S, H, Hk, D), eps, False)
+                for t, sc in ((k, st.ks[i]), (v, st.vs[i])):
+                    amax = t.abs().masked_fill(~valid[:, :, None, None], 0).amax(dim=(0, 1, 3)).float()  # (Hk,)
+                    sc.copy_(torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax)))
+            q, kq, vq, _, _ = f["qkv"](qkv, qn, kn, cos, sin, st.ks[i], st.vs[i], (B, S, H, Hk, D), eps, self.kv_fp8)
+            if valid is None:
+                for cache, new in ((st.k[i], kq), (st.v[i], vq)):  # FP8 bytes copied as bytes (CPU has no FP8 copy)
+                    _bytes(cache).index_copy_(2, st.slot, _bytes(new))
+                a = decode_attention(q[:, 0], st.k[i], st.v[i], st.ks[i], st.vs[i], st.start, st.end, width,
+                                     self.sm_scale, use_kernel=self.use_kernel)  # fmt: skip  (B, H, D)
+            else:
+                st.k[i][:, :, :S], st.v[i][:, :, :S] = kq, vq
+                kd = kq.to(self.dtype) * st.ks[i].view(1, Hk, 1, 1).to(self.dtype)  # attend to what was stored
+                vd = vq.to(self.dtype) * st.vs[i].view(1, Hk, 1, 1).to(self.dtype)
+                a = _prefill_attention(q, kd, vd, valid, self.sm_scale)
+            delta = layer["o"](f["quant"](a.reshape(B * S, H * D), fp8)).view(B, S, -1)
+            x, h = f["add_norm"](x, delta, self.small[n + "post_attention_layernorm.weight"], eps, fp8)
+            delta = layer["down"](f["silu_mul"](layer["gate_up"](h), fp8)).view(B, S, -1)
+        return f["add_norm"](x, delta, self.small["norm"], eps, False)[1]
+
+    def _emit(self, st: _State, h_last, params: SamplingParams, f=STAGES):
+        """Sample the next token of every row from the final hidden states (B, hidden), record it, advance."""
+        tok, lp = f["sample"](self.head(h_last), st.seeds, st.t, params)
+        live = ~st.done
+        st.out_ids.index_copy_(1, st.t, torch.where(live, tok, st.out_ids.index_select(1, st.t)[:, 0])[:, None])
+        st.out_logp.index_copy_(1, st.t, torch.where(live, lp, torch.zeros_like(lp))[:, None])
+        st.lengths.add_(live.long())
+        st.done.logical_or_(torch.isin(tok, st.eos) & live)
+        st.tok.copy_(tok)
+        st.t.add_(1)
+
+    def _decode_step(self, st: _State, params: SamplingParams, width: int):
+        h = self._layers(self.small["embed"][st.tok][:, None], st.pos[:, None], st, width=width)  # (B, hidden)
+        self._emit(st, h, params, self._fused)
+        st.pos.add_(1)
+        st.slot.add_(1)
+        st.end.add_(1)
+
+    # -- generation ------------------------------------------------------------------------------------------
+    def _state(self, B: int, n_eos: int) -> _State:
+        st = self._st
+        if st is None or st.tok.shape[0] != B or st.eos.numel() < n_eos:
+            self._graphs.clear()  # their buffers are about to be freed
+            dev, L = self.device, len(self.layers)
+            kv_dtype = torch.float8_e4m3fn if self.kv_fp8 else self.dtype
+            shape = (B, self.Hk, self.max_len, self.D)
+            z = lambda *s, dtype=torch.long: torch.zeros(*s, dtype=dtype, device=dev)  # noqa: E731
+            st = self._st = _State(
+                [torch.zeros(shape, dtype=kv_dtype, device=dev) for _ in range(L)],
+                [torch.zeros(shape, dtype=kv_dtype, device=dev) for _ in range(L)],
+                torch.ones(L, self.Hk, device=dev), torch.ones(L, self.Hk, device=dev),
+                z(B), z(B), z(1), z(B, dtype=torch.int32), z(B, dtype=torch.int32), z(1), z(B), z(max(8, n_eos)),
+                z(B, dtype=torch.bool), z(B), z(B, self.max_len), z(B, self.max_len, dtype=torch.float32),
+            )  # fmt: skip
+        return st
+
+    def _graph(self, st: _State, params: SamplingParams):
+        key = (params.temperature, params.top_k, params.top_p, params.greedy)
+        if key not in self._graphs:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):  # warm up (kernel compilation, library handles) outside the capture
+                for _ in range(2):
+                    st.t.zero_()
+                    self._decode_step(st, params, self.max_len)
+            st.t.zero_()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                self._decode_step(st, params, self.max_len)
+            self._graphs[key] = g
+        return self._graphs[key]
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams | None = None, *,
+                 seeds: list[int] | None = None, pad_id: int = 0, eos_id: int | list[int] | None = None,
+                 tokenizer=None) -> Rollout:  # fmt: skip
+        """Sample one completion per prompt (stops at EOS or max_new_tokens); see the module docstring."""
+        params = params or SamplingParams()
+        if params.stop:
+            raise ValueError("Engine stops at EOS tokens only; drop the stop strings or use aisrl.rollout.generate")
+        ids, pmask = left_pad(prompts, pad_id)
+        B, P = ids.shape
+        T = params.max_new_tokens
+        if self.max_len < P + T:
+            raise ValueError(f"prompt width {P} + max_new_tokens {T} exceeds the engine's max_len={self.max_len}")
+        seeds = list(range(B)) if seeds is None else list(seeds)
+        if len(seeds) != B:
+            raise ValueError(f"need one seed per prompt: {len(seeds)} seeds for {B} prompts")
+        eos = [eos_id] if isinstance(eos_id, int) else list(eos_id or [])
+        st = self._state(B, len(eos))
+        graph = self._graph(st, params) if self.cuda_graphs else None
+        dev = self.device
+        ids, pmask = ids.to(dev), pmask.to(dev)
+        pos = _positions(pmask)
+        eos_pad = eos + [-1] * (st.eos.numel() - len(eos))
+        values = {"seeds": torch.tensor(seeds), "eos": torch.tensor(eos_pad), "start": P - pmask.sum(-1),
+                  "end": torch.full((B,), P + 1), "pos": pos[:, -1] + 1, "slot": torch.tensor([P]),
+                  "t": torch.zeros(1), "lengths": torch.zeros(B)}  # fmt: skip
+        for name, value in values.items():
+            getattr(st, name).copy_(value)
+        st.done.zero_()
+        st.out_ids.fill_(pad_id)
+        st.out_logp.zero_()
+        h = self._layers(self.small["embed"][ids], pos, st, valid=pmask)  # prefill
+        self._emit(st, h.view(B, P, -1)[:, -1], params)
+        for t in range(1, T):
+            if t % 8 == 0 and bool(st.done.all()):  # one host synchronisation every 8 steps
+                break
+            if graph is not None:
+                graph.replay()
+            else:
+                self._decode_step(st, params, P + t + 1)
+        lengths = st.lengths.cpu()
+        T_used = int(lengths.max())
+        cmask = torch.arange(T_used)[None] < lengths[:, None]
+        out_logp = st.out_logp[:, :T_used].cpu()
+        return Rollout(ids.cpu(), pmask.cpu(), st.out_ids[:, :T_used].cpu(), cmask, torch.where(cmask, out_logp, 0.0))
+
+    @torch.no_grad()
+    def next_logits(self, prompts: list[list[int]], pad_id: int = 0) -> torch.Tensor:
+        """(B, V) FP32 logits of the token after each prompt (one prefill): for accuracy checks across formats."""
+        ids, pmask = left_pad(prompts, pad_id)
+        st = self._state(len(prompts), 0)
+        ids, pmask = ids.to(self.device), pmask.to(self.device)
+        h = self._layers(self.small["embed"][ids], _positions(pmask), st, valid=pmask)
+        return self.head(h.view(len(prompts), ids.shape[1], -1)[:, -1]).float()
+
+
+def _prefill_attention(q, k, v, valid, sm_scale):
+    """q (B, S, H, D), k/v (B, Hk, S, D): causal attention over valid keys (a padding query sees itself)."""
+    B, S, H, _ = q.shape
+    G = H // k.shape[1]
+    k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
+    causal = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
+    mask = (causal[None] & valid[:, None, :]) | torch.eye(S, dtype=torch.bool, device=q.device)[None]  # (B, S, S)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[:, None], scale=sm_scale)
+    return out.transpose(1, 2)  # (B, S, H, D)
+
+
+def _bytes(t):
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def _state_of(model) -> dict:
+    return dict(model.named_parameters()) | dict(model.named_buffers())

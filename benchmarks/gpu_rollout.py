@@ -1,0 +1,328 @@
+"""Real FP8 rollout speed on an NVIDIA GPU (issue 9): our engine in BF16, FP8 W8A8 and FP8 W8A8 + FP8 KV cache
+against Hugging Face `generate` in BF16, on randomly initialised Qwen3-8B- and Qwen3-1.7B-shaped models.
+
+    python benchmarks/gpu_rollout.py run [shapes=qwen3-8b,qwen3-1.7b] [batches=16,64,128] [prompt=256] [new=512]
+                                         [hf=1] [profile=1] [out=benchmarks/results/gpu_rollout.json]
+    python benchmarks/gpu_rollout.py publish [out=benchmarks/results/gpu_rollout.json]   # -> BENCHMARKS.md
+
+Every request decodes exactly `new` tokens (no EOS), plain sampling at T=1. Throughput = batch * new / wall
+seconds from the prompts to the last token (prefill included; CUDA-graph capture excluded by a warm-up
+call). Accuracy: next-token logits of each format against our BF16 path (and ours against Hugging Face's) on
+64 prefixes, as relative L2 error and the exact KL(BF16 || format) of the T=1 sampling distributions.
+The floor: bytes read per decode step (weights once, the KV cache up to the mean length) over the
+measured copy bandwidth. The profile: GPU time per kernel class over eager decode steps at batch 64.
+"""
+
+import functools
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from aisrl.bench.report import machine, update_section, write_json
+from aisrl.engine import Engine
+from aisrl.quant import QuantConfig
+from aisrl.rollout import SamplingParams
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = {
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False),
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+}  # fmt: skip
+VARIANTS = {  # name -> engine quantisation
+    "bf16": None,
+    "fp8_w8a8": "fp8_e4m3_w8a8",
+    "fp8_w8a8_kv": "fp8_e4m3_w8a8_kv",
+    "fp8_w8a8_kv_head": QuantConfig("fp8_e4m3", activations=True, kv_cache=True, lm_head=True),
+    "fp8_w8a8_kv_swap": "fp8_e4m3_w8a8_kv",
+}
+
+
+def _model(shape: str):
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(**SHAPES[shape], max_position_embeddings=4096, rope_theta=1e6, eos_token_id=None,
+                      bos_token_id=None, pad_token_id=0)  # fmt: skip
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+def _sync_time(fn):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, out
+
+
+def copy_bandwidth() -> float:
+    """Bytes read + written per second by a 2 GB device-to-device copy (median of 10)."""
+    a = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(12):
+        times.append(_sync_time(lambda: b.copy_(a))[0])
+    return 2 * a.numel() / sorted(times[2:])[len(times[2:]) // 2]
+
+
+def floor_ms(model, variant: str, batch: int, prompt: int, new: int, bw: float) -> float:
+    """Bytes one decode step must read (weights once; KV cache at the mean length) over the copy bandwidth."""
+    cfg = model.config
+    head = cfg.vocab_size * cfg.hidden_size
+    body = sum(p.numel() for n, p in model.named_parameters() if "layers." in n)
+    fp8 = variant != "bf16"
+    w_bytes = body * (1 if fp8 else 2) + head * (1 if variant.endswith("head") else 2)
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * (1 if "kv" in variant else 2)
+    kv_bytes = batch * (prompt + new / 2) * kv_per_token
+    return 1e3 * (w_bytes + kv_bytes) / bw
+
+
+def gemm(log, M=64):
+    """Microseconds per GEMM of the Qwen3-8B decode shapes at M rows: BF16, and FP8 rowwise in both layouts."""
+    from aisrl import engine as E
+
+    rows = []
+    for name, (n, k) in {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
+                         "lm_head": (151936, 4096)}.items():  # fmt: skip
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        x = torch.randn(M, k, device="cuda", dtype=torch.bfloat16)
+        lin = E.Linear(n, k, False, "channel", torch.bfloat16, "cuda")
+        lin.load([w], None)
+        xq = E.fp8_rows(x)
+        row = {"gemm": name, "n": n, "k": k, "M": M}
+        for label, fn, swap in (("bf16", lambda: x @ w.t(), 0), ("fp8", lambda: lin(xq), 0),  # noqa: B023
+                                ("fp8_swapped", lambda: lin(xq), 1 << 20)):  # noqa: B023  fmt: skip
+            E.FP8_SWAP_ROWS = swap
+            for _ in range(3):
+                fn()
+            times = sorted(_sync_time(fn)[0] for _ in range(30))
+            row[label + "_us"] = 1e6 * times[15]
+        E.FP8_SWAP_ROWS = 0
+        ref = (x.float() @ w.float().t())
+        row["fp8_rel_err"] = ((lin(xq).float() - ref).norm() / ref.norm()).item()
+        rows.append(row)
+        log(row)
+    return rows
+
+
+def throughput(model, shape, batches, prompt, new, hf, bw, log):
+    from aisrl import engine as E
+
+    rows = []
+    g = torch.Generator().manual_seed(1)
+    for B in batches:
+        prompts = torch.randint(1, model.config.vocab_size, (B, prompt), generator=g).tolist()
+        params = SamplingParams(new)
+        if hf:
+            ids = torch.tensor(prompts, device="cuda")
+            hf_args = dict(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=new,
+                           min_new_tokens=new, top_k=0, top_p=1.0, temperature=1.0)  # fmt: skip
+            model.generate(input_ids=ids[:, :16], attention_mask=torch.ones_like(ids[:, :16]), max_new_tokens=4)
+            sec, out = _sync_time(functools.partial(model.generate, **hf_args))
+            assert out.shape[1] == prompt + new
+            rows.append(dict(shape=shape, batch=B, variant="hf_generate_bf16", seconds=sec, tok_s=B * new / sec))
+            log(rows[-1])
+        for name, quant in VARIANTS.items():
+            eng = None
+            try:
+                E.FP8_SWAP_ROWS = 256 if name.endswith("swap") else 0  # decode GEMMs transposed
+                eng = Engine(model, quant, max_len=prompt + new)
+                eng.generate(prompts, SamplingParams(8), seeds=list(range(B)))  # warm-up: graph capture, kernels
+                prefill, _ = _sync_time(functools.partial(eng.next_logits, prompts))
+                sec, r = _sync_time(functools.partial(eng.generate, prompts, params, seeds=list(range(B))))
+                assert int(r.completion_mask.sum()) == B * new
+                step_ms = 1e3 * (sec - prefill) / (new - 1)
+                rows.append(dict(shape=shape, batch=B, variant=name, seconds=sec, tok_s=B * new / sec,
+                                 prefill_s=prefill, decode_step_ms=step_ms,
+                                 floor_step_ms=floor_ms(model, name, B, prompt, new, bw)))  # fmt: skip
+            except Exception as e:  # keep the other rows of the run
+                rows.append(dict(shape=shape, batch=B, variant=name, error=repr(e)[:500]))
+            log(rows[-1])
+            del eng
+            torch.cuda.empty_cache()
+    E.FP8_SWAP_ROWS = 0
+    return rows
+
+
+def accuracy(model, shape, log, n=64):
+    g = torch.Generator().manual_seed(2)
+    lengths = torch.randint(16, 256, (n,), generator=g).tolist()
+    prompts = [torch.randint(1, model.config.vocab_size, (k,), generator=g).tolist() for k in lengths]
+    logits = {}
+    for name, quant in VARIANTS.items():
+        if name.endswith("swap"):
+            continue
+        eng = Engine(model, quant, max_len=512)
+        logits[name] = eng.next_logits(prompts).double()
+        del eng
+    from aisrl.rollout import _positions, left_pad
+
+    ids, mask = left_pad(prompts, 0)
+    with torch.no_grad():
+        hf = model(input_ids=ids.cuda(), attention_mask=mask.long().cuda(), position_ids=_positions(mask).cuda())
+    logits["hf_bf16"] = hf.logits[:, -1].double()
+    model.float()  # the FP32 reference (the trainer's precision); BF16 -> FP32 -> BF16 is exact
+    with torch.no_grad():
+        hf = model(input_ids=ids.cuda(), attention_mask=mask.long().cuda(), position_ids=_positions(mask).cuda())
+    ref32 = hf.logits[:, -1].double()
+    del hf
+    model.bfloat16()
+    torch.cuda.empty_cache()
+    rows = []
+    for name, lg in logits.items():
+        rows.append(_compare(shape, name, "hf_fp32", lg, ref32))
+        log(rows[-1])
+        if name == "bf16":
+            continue
+        rows.append(_compare(shape, name, "ours_bf16", lg, logits["bf16"]))
+        log(rows[-1])
+    return rows
+
+
+def _compare(shape, name, vs, lg, ref):
+    rel = ((lg - ref).norm(dim=-1) / ref.norm(dim=-1)).mean().item()
+    lp, lq = ref.log_softmax(-1), lg.log_softmax(-1)
+    kl = (lp.exp() * (lp - lq)).sum(-1).mean().item()
+    top1 = (lg.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    std = ref.std(-1).mean().item()
+    return dict(shape=shape, variant=name, vs=vs, rel_l2=rel, kl=kl, top1_agree=top1, logit_std=std)
+
+
+def _us(evt) -> float:
+    us = getattr(evt, "self_device_time_total", None)
+    return us if us is not None else evt.self_cuda_time_total
+
+
+def profile(model, shape, batch, prompt, log, steps=6):
+    """GPU time per kernel class over eager decode steps (the same kernels the CUDA graph replays)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    out = []
+    prompts = torch.randint(1, model.config.vocab_size, (batch, prompt)).tolist()
+    for name in ("bf16", "fp8_w8a8_kv"):
+        eng = Engine(model, VARIANTS[name], max_len=prompt + 64, cuda_graphs=False)
+        eng.generate(prompts, SamplingParams(4), seeds=list(range(batch)))  # leaves a valid decoding state
+        st, params = eng._st, SamplingParams(64)
+        eng._decode_step(st, params, eng.max_len)
+        torch.cuda.synchronize()
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                eng._decode_step(st, params, eng.max_len)
+            torch.cuda.synchronize()
+        classes, n_kernels = {}, 0
+        for evt in prof.key_averages():
+            us = _us(evt)
+            if us <= 0:
+                continue
+            key = evt.key.lower()
+            cls = ("gemm" if any(s in key for s in ("gemm", "cutlass", "xmma", "sm90", "scaled_mm", "f8f8", "nvjet"))
+                   else "attention" if "decode_kernel" in key else "elementwise/other")  # fmt: skip
+            classes[cls] = classes.get(cls, 0.0) + us / 1e3 / steps
+            n_kernels += evt.count
+        row = dict(
+            shape=shape,
+            batch=batch,
+            variant=name,
+            ms_per_step=classes,
+            kernels_per_step=n_kernels / steps,
+            top=[(e.key[:80], round(_us(e) / 1e3 / steps, 3)) for e in sorted(prof.key_averages(), key=_us)[-12:]],
+        )
+        out.append(row)
+        log(row)
+        del eng
+        torch.cuda.empty_cache()
+    return out
+
+
+def run(shapes, batches, prompt, new, hf, prof, out_path, gemms=True):
+    import triton
+
+    data = {"machine": machine(), "triton": triton.__version__, "command": "python benchmarks/gpu_rollout.py " +
+            " ".join(sys.argv[1:]), "prompt": prompt, "new_tokens": new, "throughput": [], "accuracy": [],
+            "profile": []}  # fmt: skip
+    data["copy_bandwidth_TBs"] = bw = copy_bandwidth() / 1e12
+    print(data["machine"], "copy TB/s", bw, flush=True)
+
+    def log(row):
+        print(row, flush=True)
+        write_json(out_path, data)
+
+    if gemms:
+        data["gemm"] = gemm(log)
+    for shape in shapes:
+        model = _model(shape)
+        data["throughput"] += throughput(model, shape, batches, prompt, new, hf, bw * 1e12, log)
+        data["accuracy"] += accuracy(model, shape, log)
+        if prof and shape == shapes[0]:
+            data["profile"] += profile(model, shape, 64, prompt, log)
+        del model
+        torch.cuda.empty_cache()
+    write_json(out_path, data)
+    return data
+
+
+def publish(out_path):
+    import json
+
+    data = json.loads(Path(out_path).read_text())
+    m = data["machine"]
+    lines = [f"Command: `{data['command']}`; {m['cuda']}, torch {m['torch']}, Triton {data['triton']}; random-init "
+             f"Qwen3-shaped models in BF16, prompt {data['prompt']} + {data['new_tokens']} new tokens per request "
+             f"(no EOS), T=1 sampling; measured copy bandwidth {data['copy_bandwidth_TBs']:.2f} TB/s.", "",
+             "| shape | batch | variant | tok/s | seconds | decode ms/step | floor ms/step | vs our BF16 | vs HF |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = data["throughput"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['shape']} | {r['batch']} | {r['variant']} | error: {r['error'][:80]} | | | | | |")
+            continue
+        same = {x["variant"]: x for x in rows if x["shape"] == r["shape"] and x["batch"] == r["batch"] and "tok_s" in x}
+        ours = same.get("bf16", {}).get("tok_s")
+        hf = same.get("hf_generate_bf16", {}).get("tok_s")
+        f = lambda v, k: f"{v[k]:.2f}" if k in v else ""  # noqa: E731
+        vs_ours = f"{r['tok_s'] / ours:.2f}x" if ours else ""
+        vs_hf = f"{r['tok_s'] / hf:.2f}x" if hf else ""
+        lines.append(f"| {r['shape']} | {r['batch']} | {r['variant']} | {r['tok_s']:.0f} | {r['seconds']:.1f} | "
+                     f"{f(r, 'decode_step_ms')} | {f(r, 'floor_step_ms')} | {vs_ours} | {vs_hf} |")  # fmt: skip
+    lines += [
+        "",
+        "Accuracy of the next-token distribution on 64 prefixes (16-255 tokens), against our BF16 path:",
+        "",
+        "| shape | variant | rel. L2 logit error | KL(BF16 \\|\\| variant) | top-1 agreement |",
+        "|---|---|---|---|---|",
+    ]
+    for a in data["accuracy"]:
+        lines.append(f"| {a['shape']} | {a['variant']} | {a['rel_l2']:.2e} | {a['kl']:.2e} | {a['top1_agree']:.3f} |")
+    if data["profile"]:
+        lines += [
+            "",
+            "GPU time per decode step by kernel class (eager steps, batch 64, profiler):",
+            "",
+            "| shape | variant | GEMM ms | attention ms | other ms | kernels/step |",
+            "|---|---|---|---|---|---|",
+        ]
+        for p in data["profile"]:
+            c = p["ms_per_step"]
+            lines.append(f"| {p['shape']} | {p['variant']} | {c.get('gemm', 0):.2f} | {c.get('attention', 0):.2f} | "
+                         f"{c.get('elementwise/other', 0):.2f} | {p['kernels_per_step']:.0f} |")  # fmt: skip
+    update_section(ROOT / "BENCHMARKS.md", "gpu_rollout", "\n".join(lines))
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else "run"
+    kw = dict(a.split("=", 1) for a in sys.argv[2:])
+    out = kw.get("out", str(ROOT / "benchmarks/results/gpu_rollout.json"))
+    if what == "publish":
+        publish(out)
+    else:
+        ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+        run(kw.get("shapes", "qwen3-8b,qwen3-1.7b").split(","), ints(kw.get("batches", "16,64,128")),
+            int(kw.get("prompt", 256)), int(kw.get("new", 512)), kw.get("hf", "1") == "1",
+            kw.get("profile", "1") == "1", out, kw.get("gemm", "1") == "1")  # fmt: skip

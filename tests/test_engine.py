@@ -1,0 +1,179 @@
+"""The static-cache engine: exact against Hugging Face and the fake-quant layers on the CPU; GPU paths (real FP8
+GEMMs, the Triton decode kernel, CUDA graphs) checked against the CPU when a GPU is present."""
+
+import copy
+
+import pytest
+import torch
+
+from aisrl.engine import Engine, Linear, counter_uniform
+from aisrl.kernels import decode_attention, decode_attention_ref
+from aisrl.models import tiny_model
+from aisrl.quant import FakeQuantLinear, quant_config, quantize_
+from aisrl.rollout import SamplingParams, generate, logprobs
+
+PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18]]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _recompute(model, r, params):
+    return logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, params)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+def test_full_precision_matches_hugging_face(name):
+    model = tiny_model(name)
+    eng = Engine(model, max_len=64)
+    params = SamplingParams(20, temperature=0.9, top_k=50, top_p=0.95)
+    r = eng.generate(PROMPTS, params, seeds=[1, 2, 3], eos_id=2)
+    assert r.completion_ids.shape[0] == 3 and r.completion_mask.any(-1).all()
+    # rollout_logp is the processed distribution's log-prob, as the trainer recomputes it
+    torch.testing.assert_close(r.rollout_logp, _recompute(model, r, params), atol=1e-5, rtol=0)
+    greedy = SamplingParams(15, greedy=True)
+    ours = eng.generate(PROMPTS, greedy, eos_id=None)
+    theirs = generate(model, PROMPTS, greedy, eos_id=[])
+    assert torch.equal(ours.completion_ids, theirs.completion_ids)
+
+
+def test_sampling_is_per_request_and_deterministic():
+    eng = Engine(tiny_model("tiny-llama"), max_len=64)
+    params = SamplingParams(12)
+    a = eng.generate(PROMPTS, params, seeds=[7, 8, 9], eos_id=None)
+    b = eng.generate(PROMPTS[1:], params, seeds=[8, 9], eos_id=None)  # another batch, same requests
+    c = eng.generate(PROMPTS, params, seeds=[7, 8, 10], eos_id=None)
+    assert torch.equal(a.completion_ids[1:], b.completion_ids) and torch.equal(a.rollout_logp[1:], b.rollout_logp)
+    assert torch.equal(a.completion_ids[:2], c.completion_ids[:2])
+    assert not torch.equal(a.completion_ids[2], c.completion_ids[2])
+    # the counter-based uniforms: in (0, 1), roughly uniform, a function of (seed, step) only
+    u = counter_uniform(torch.arange(4000), torch.tensor([3]))
+    assert u.min() > 0 and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.02 and abs(u.var().item() - 1 / 12) < 0.005
+    assert torch.equal(counter_uniform(torch.tensor([2**40 + 5]), torch.tensor([3])),
+                       counter_uniform(torch.tensor([1, 2**40 + 5]), torch.tensor([3]))[1:])  # fmt: skip
+
+
+def test_eos_ends_rows_and_masks_the_rest():
+    eng = Engine(tiny_model("tiny-llama"), max_len=64)
+    r = eng.generate(PROMPTS, SamplingParams(30), seeds=[1, 2, 3], eos_id=list(range(3, 60)))  # EOS comes fast
+    lengths = r.completion_mask.sum(-1)
+    for i, n in enumerate(lengths.tolist()):
+        assert 3 <= r.completion_ids[i, n - 1].item() < 60  # the EOS is the last kept token
+        assert not ((r.completion_ids[i, : n - 1] >= 3) & (r.completion_ids[i, : n - 1] < 60)).any()
+        assert (r.completion_ids[i, n:] == 0).all() and (r.rollout_logp[i, n:] == 0).all()
+
+
+def test_fp8_linear_is_the_fake_quant_layer():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48)
+    x = torch.randn(5, 64) * 3
+    for preset in ("fp8_e4m3_w8a8", "fp8_e4m3_tensor_w8a8"):
+        cfg = quant_config(preset)
+        ours = Linear(48, 64, True, cfg.granularity, torch.float32, "cpu")
+        ours.load([lin.weight.detach()], [lin.bias.detach()])
+        assert ours.w.dtype == torch.float8_e4m3fn
+        torch.testing.assert_close(ours(x), FakeQuantLinear(lin, cfg)(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2", "tiny-qwen3"])
+def test_fp8_engine_matches_fake_quant_model(name):
+    model = tiny_model(name)
+    fq = quantize_(copy.deepcopy(model), quant_config("fp8_e4m3_w8a8"))
+    r = Engine(model, "fp8_e4m3_w8a8", max_len=64).generate(PROMPTS, SamplingParams(20), seeds=[1, 2, 3], eos_id=2)
+    torch.testing.assert_close(r.rollout_logp, _recompute(fq, r, SamplingParams(20)), atol=1e-4, rtol=0)
+    mismatch = (r.rollout_logp - _recompute(model, r, SamplingParams(20)))[r.completion_mask].abs().mean()
+    assert mismatch > 1e-3  # and FP8 differs from the full-precision model far more than from its emulation
+
+
+def test_fp8_kv_cache_stores_bytes_and_stays_close():
+    model = tiny_model("tiny-qwen3")
+    eng = Engine(model, "fp8_e4m3_w8a8_kv", max_len=64)
+    r = eng.generate(PROMPTS, SamplingParams(16), seeds=[1, 2, 3], eos_id=None)
+    assert eng._st.k[0].dtype == torch.float8_e4m3fn and (eng._st.ks > 0).all() and not (eng._st.ks == 1).all()
+    fq = quantize_(copy.deepcopy(model), quant_config("fp8_e4m3_w8a8"))
+    err = (r.rollout_logp - _recompute(fq, r, SamplingParams(16)))[r.completion_mask].abs()
+    assert 0 < err.mean() < 0.05  # FP8 keys/values change the numbers a little, not the distribution
+
+
+def test_sync_tracks_trainer_updates_and_bad_inputs():
+    model = tiny_model("tiny-llama")
+    eng = Engine(model, "fp8_e4m3_w8a8", max_len=32)
+    before = eng.next_logits(PROMPTS)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    assert eng.sync(model) >= 0
+    after = eng.next_logits(PROMPTS)
+    fresh = Engine(model, "fp8_e4m3_w8a8", max_len=32).next_logits(PROMPTS)
+    assert not torch.allclose(before, after) and torch.equal(after, fresh)
+    with pytest.raises(ValueError, match="FP8 E4M3 W8A8"):
+        Engine(model, "int4")
+    with pytest.raises(ValueError, match="exceeds the engine's max_len=32"):
+        eng.generate(PROMPTS, SamplingParams(30))
+    with pytest.raises(ValueError, match="EOS tokens only"):
+        eng.generate(PROMPTS, SamplingParams(4, stop=["x"]))
+    with pytest.raises(ValueError, match="no tensor"):
+        eng.sync({})
+
+
+def test_reference_attention_is_plain_softmax_attention():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 8), torch.randn(2, 2, 10, 8), torch.randn(2, 2, 10, 8)
+    ks, vs = torch.tensor([0.5, 2.0]), torch.tensor([1.5, 0.25])
+    start, end = torch.tensor([1, 0]), torch.tensor([7, 10])
+    out = decode_attention_ref(q, k, v, ks, vs, start, end, 10, 0.3)
+    for b in range(2):
+        for h in range(4):
+            kv = h // 2  # grouped-query: heads 0,1 read kv head 0
+            keys, vals = k[b, kv, start[b] : end[b]] * ks[kv], v[b, kv, start[b] : end[b]] * vs[kv]
+            expect = ((keys @ q[b, h]) * 0.3).softmax(0) @ vals
+            torch.testing.assert_close(out[b, h], expect)
+
+
+@cuda
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_cuda_decode_kernel_matches_reference(kv_dtype):
+    torch.manual_seed(0)
+    B, H, Hk, S, D = 5, 32, 8, 300, 128
+    q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
+    k = (torch.randn(B, Hk, S, D, device="cuda") * 3).to(kv_dtype)
+    v = torch.randn(B, Hk, S, D, device="cuda").to(kv_dtype)
+    ks, vs = torch.rand(Hk, device="cuda") + 0.5, torch.rand(Hk, device="cuda") + 0.5
+    start = torch.tensor([0, 3, 100, 0, 250], device="cuda", dtype=torch.int32)
+    end = torch.tensor([1, 200, 101, 300, 290], device="cuda", dtype=torch.int32)
+    ref = decode_attention_ref(q, k, v, ks, vs, start, end, S, D**-0.5).float()
+    out = decode_attention(q, k, v, ks, vs, start, end, S, D**-0.5, use_kernel=True).float()
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@cuda
+@pytest.mark.parametrize("quant", [None, "fp8_e4m3_w8a8", "fp8_e4m3_w8a8_kv"])
+def test_cuda_engine_graphs_match_eager_and_cpu(quant):
+    model = tiny_model("tiny-qwen3", hidden=128)
+    params = SamplingParams(24)
+    graphed = Engine(model.cuda(), quant, max_len=64).generate(PROMPTS, params, seeds=[1, 2, 3], eos_id=2)
+    eager = Engine(model, quant, max_len=64, cuda_graphs=False).generate(PROMPTS, params, seeds=[1, 2, 3], eos_id=2)
+    assert torch.equal(graphed.completion_ids, eager.completion_ids)
+    torch.testing.assert_close(graphed.rollout_logp, eager.rollout_logp)
+    # BF16 on the GPU against FP32 on the CPU: the same sampler, so mostly the same tokens and close log-probs
+    cpu = Engine(model.cpu().float(), quant, max_len=64).generate(PROMPTS, params, seeds=[1, 2, 3], eos_id=2)
+    first = graphed.completion_ids[:, 0]
+    assert torch.equal(first, cpu.completion_ids[:, 0])
+    assert (graphed.rollout_logp[:, 0] - cpu.rollout_logp[:, 0]).abs().max() < 0.1
+
+
+@cuda
+def test_cuda_fp8_gemm_matches_fake_quant():
+    from aisrl import engine as E
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 384, bias=False)
+    x = torch.randn(40, 256).bfloat16()  # the engine's activations are BF16 on the GPU
+    ref = FakeQuantLinear(lin, quant_config("fp8_e4m3_w8a8"))(x.float())  # FP32 emulation on the CPU
+    ours = Linear(384, 256, False, "channel", torch.bfloat16, "cuda")
+    ours.load([lin.weight.detach().cuda()], None)
+    for swap in (0, 1 << 20):  # both operand layouts
+        E.FP8_SWAP_ROWS = swap
+        try:
+            y = ours(x.cuda()).float().cpu()
+        finally:
+            E.FP8_SWAP_ROWS = 0
+        assert ((y - ref).norm() / ref.norm()).item() < 1e-2  # BF16 output rounding
