@@ -26,6 +26,7 @@ like aisrl.rollout.generate (different random streams: the two engines sample di
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -77,15 +78,11 @@ class Linear:
 
 
 _OUT_DTYPE = {"cuda": torch.bfloat16, "cpu": torch.float32}
-FP8_SWAP_ROWS = 0
-"""On CUDA, FP8 GEMMs with at most this many rows run transposed, (w x^T)^T, so the weight is the long operand."""
 
 
 def _fp8_mm(xq, sx, w, sw, out_dtype):
     """(xq sx)(w sw)^T with FP32 accumulation: one `torch._scaled_mm` on CUDA; on the CPU the same sum in FP32 (CPU
     builds of torch may only take per-tensor scales)."""
-    if xq.is_cuda and xq.shape[0] <= FP8_SWAP_ROWS:
-        return torch._scaled_mm(w, xq.t(), scale_a=sw.t(), scale_b=sx.t(), out_dtype=out_dtype).t()
     if xq.is_cuda:
         return torch._scaled_mm(xq, w.t(), scale_a=sx, scale_b=sw, out_dtype=out_dtype)
     return ((xq.float() @ w.float().t()) * sx * sw).to(out_dtype)
@@ -144,6 +141,24 @@ def _sample(logits, seeds, t, params: SamplingParams):
     logp = process_logits(logits, params)  # (B, V) FP32
     tok = logp.argmax(-1) if params.greedy else inverse_cdf(logp, counter_uniform(seeds, t))
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+class _Compiled:
+    """A stage under torch.compile that falls back to eager PyTorch (same results, more kernels) if compiling it
+    fails; `failure` then says why (benchmarks report it)."""
+
+    def __init__(self, fn):
+        self.fn, self.compiled, self.failure = fn, torch.compile(fn, dynamic=False), None
+
+    def __call__(self, *args):
+        if self.failure is None:
+            try:
+                return self.compiled(*args)
+            except Exception as e:  # an inductor bug on this torch / GPU: keep running, unfused
+                self.failure = f"{type(e).__name__}: {str(e)[:300]}"
+                warnings.warn(f"aisrl.engine: torch.compile failed on {self.fn.__name__}, running it eagerly: "
+                              f"{self.failure}", stacklevel=2)  # fmt: skip
+        return self.fn(*args)
 
 
 STAGES = {"add_norm": _add_norm, "qkv": _qkv_split, "silu_mul": _silu_mul, "quant": _quant, "sample": _sample}
@@ -210,7 +225,7 @@ class Engine:
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.use_kernel = self.device.type == "cuda" and triton_available()
         compile = self.use_kernel if compile is None else compile  # inductor needs Triton on CUDA
-        self._fused = {k: torch.compile(f, dynamic=False) for k, f in STAGES.items()} if compile else STAGES
+        self._fused = {k: _Compiled(f) for k, f in STAGES.items()} if compile else STAGES
         self.H, self.Hk = cfg.num_attention_heads, cfg.num_key_value_heads
         self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.H
         self.eps, self.sm_scale = cfg.rms_norm_eps, self.D**-0.5
@@ -423,6 +438,10 @@ class Engine:
         cmask = torch.arange(T_used)[None] < lengths[:, None]
         out_logp = st.out_logp[:, :T_used].cpu()
         return Rollout(ids.cpu(), pmask.cpu(), st.out_ids[:, :T_used].cpu(), cmask, torch.where(cmask, out_logp, 0.0))
+
+    def compile_failures(self) -> dict:
+        """{stage: why} for decode stages torch.compile could not fuse (they run eagerly)."""
+        return {k: f.failure for k, f in self._fused.items() if getattr(f, "failure", None)}
 
     @torch.no_grad()
     def next_logits(self, prompts: list[list[int]], pad_id: int = 0) -> torch.Tensor:

@@ -182,6 +182,8 @@ def resolve_device(name: str) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and "LOCAL_RANK" in os.environ:
         name = f"cuda:{os.environ['LOCAL_RANK']}"  # torchrun: one GPU per rank
+    elif name == "cuda" and torch.cuda.is_available():
+        name = f"cuda:{torch.cuda.current_device()}"  # an explicit index (torch.cuda.set_device needs one)
     try:
         dev = torch.device(name)
     except RuntimeError as e:

@@ -37,7 +37,6 @@ VARIANTS = {  # name -> engine quantisation
     "fp8_w8a8": "fp8_e4m3_w8a8",
     "fp8_w8a8_kv": "fp8_e4m3_w8a8_kv",
     "fp8_w8a8_kv_head": QuantConfig("fp8_e4m3", activations=True, kv_cache=True, lm_head=True),
-    "fp8_w8a8_kv_swap": "fp8_e4m3_w8a8_kv",
 }
 
 
@@ -95,15 +94,17 @@ def gemm(log, M=64):
         lin = E.Linear(n, k, False, "channel", torch.bfloat16, "cuda")
         lin.load([w], None)
         xq = E.fp8_rows(x)
+        wt = lin.w.t()
+        one = torch.ones((), device="cuda")
         row = {"gemm": name, "n": n, "k": k, "M": M}
-        for label, fn, swap in (("bf16", lambda: x @ w.t(), 0), ("fp8", lambda: lin(xq), 0),  # noqa: B023
-                                ("fp8_swapped", lambda: lin(xq), 1 << 20)):  # noqa: B023  fmt: skip
-            E.FP8_SWAP_ROWS = swap
+        for label, fn in (("bf16", lambda: x @ w.t()), ("fp8_rowwise", lambda: lin(xq)),  # noqa: B023
+                          ("fp8_tensorwise", lambda: torch._scaled_mm(xq[0], wt, scale_a=one, scale_b=one,  # noqa: B023
+                                                                      out_dtype=torch.bfloat16))):  # fmt: skip
             for _ in range(3):
                 fn()
             times = sorted(_sync_time(fn)[0] for _ in range(30))
             row[label + "_us"] = 1e6 * times[15]
-        E.FP8_SWAP_ROWS = 0
+            row[label + "_TBs"] = (n * k * (2 if label == "bf16" else 1)) / times[15] / 1e12
         ref = (x.float() @ w.float().t())
         row["fp8_rel_err"] = ((lin(xq).float() - ref).norm() / ref.norm()).item()
         rows.append(row)
@@ -112,7 +113,6 @@ def gemm(log, M=64):
 
 
 def throughput(model, shape, batches, prompt, new, hf, bw, log):
-    from aisrl import engine as E
 
     rows = []
     g = torch.Generator().manual_seed(1)
@@ -131,7 +131,6 @@ def throughput(model, shape, batches, prompt, new, hf, bw, log):
         for name, quant in VARIANTS.items():
             eng = None
             try:
-                E.FP8_SWAP_ROWS = 256 if name.endswith("swap") else 0  # decode GEMMs transposed
                 eng = Engine(model, quant, max_len=prompt + new)
                 eng.generate(prompts, SamplingParams(8), seeds=list(range(B)))  # warm-up: graph capture, kernels
                 prefill, _ = _sync_time(functools.partial(eng.next_logits, prompts))
@@ -139,14 +138,13 @@ def throughput(model, shape, batches, prompt, new, hf, bw, log):
                 assert int(r.completion_mask.sum()) == B * new
                 step_ms = 1e3 * (sec - prefill) / (new - 1)
                 rows.append(dict(shape=shape, batch=B, variant=name, seconds=sec, tok_s=B * new / sec,
-                                 prefill_s=prefill, decode_step_ms=step_ms,
+                                 prefill_s=prefill, decode_step_ms=step_ms, compile_failures=eng.compile_failures(),
                                  floor_step_ms=floor_ms(model, name, B, prompt, new, bw)))  # fmt: skip
             except Exception as e:  # keep the other rows of the run
                 rows.append(dict(shape=shape, batch=B, variant=name, error=repr(e)[:500]))
             log(rows[-1])
             del eng
             torch.cuda.empty_cache()
-    E.FP8_SWAP_ROWS = 0
     return rows
 
 
@@ -156,8 +154,6 @@ def accuracy(model, shape, log, n=64):
     prompts = [torch.randint(1, model.config.vocab_size, (k,), generator=g).tolist() for k in lengths]
     logits = {}
     for name, quant in VARIANTS.items():
-        if name.endswith("swap"):
-            continue
         eng = Engine(model, quant, max_len=512)
         logits[name] = eng.next_logits(prompts).double()
         del eng

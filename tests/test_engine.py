@@ -162,18 +162,11 @@ def test_cuda_engine_graphs_match_eager_and_cpu(quant):
 
 @cuda
 def test_cuda_fp8_gemm_matches_fake_quant():
-    from aisrl import engine as E
-
     torch.manual_seed(0)
     lin = torch.nn.Linear(256, 384, bias=False)
     x = torch.randn(40, 256).bfloat16()  # the engine's activations are BF16 on the GPU
     ref = FakeQuantLinear(lin, quant_config("fp8_e4m3_w8a8"))(x.float())  # FP32 emulation on the CPU
     ours = Linear(384, 256, False, "channel", torch.bfloat16, "cuda")
     ours.load([lin.weight.detach().cuda()], None)
-    for swap in (0, 1 << 20):  # both operand layouts
-        E.FP8_SWAP_ROWS = swap
-        try:
-            y = ours(x.cuda()).float().cpu()
-        finally:
-            E.FP8_SWAP_ROWS = 0
-        assert ((y - ref).norm() / ref.norm()).item() < 1e-2  # BF16 output rounding
+    y = ours(x.cuda()).float().cpu()  # one torch._scaled_mm
+    assert ((y - ref).norm() / ref.norm()).item() < 1e-2  # BF16 output rounding
