@@ -85,6 +85,12 @@ def _kernel():
     return decode_kernel
 
 
+DECODE_CONFIG = {  # launch settings per cache element width
+    "fp8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+    "wide": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+}
+
+
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -107,14 +113,15 @@ def decode_attention(q, k_cache, v_cache, k_scale, v_scale, start, end, width: i
     if D & (D - 1) or D < 16:
         raise ValueError(f"the decode kernel needs a power-of-two head_dim >= 16, got {D}")
     out = torch.empty_like(q)
-    q, k_cache, v_cache = q.contiguous(), k_cache, v_cache
+    q = q.contiguous()
     if k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride():
         raise ValueError("the decode kernel needs K and V caches of one contiguous (B, Hk, S, D) layout")
     _kernel()[(B, Hk)](
         q, k_cache, v_cache, k_scale, v_scale, start, end, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1), sm_scale,
-        G=G, BLOCK_G=max(16, 1 << math.ceil(math.log2(G))), D=D, BLOCK_N=64, WIDE=_wide(),
+        G=G, BLOCK_G=max(16, 1 << math.ceil(math.log2(G))), D=D, WIDE=_wide(),
+        **DECODE_CONFIG["fp8" if k_cache.element_size() == 1 else "wide"],
     )  # fmt: skip
     return out
 

@@ -80,9 +80,14 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
 def inverse_cdf(logp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """(B, V) processed log-probs and (B,) uniforms in (0, 1) -> (B,) sampled ids: the first token whose
     cumulative probability reaches u (a zero-probability token is never returned)."""
-    cdf = logp.exp().cumsum(-1)  # (B, V), non-decreasing: the count of entries below the target is the first index
+    cdf = _cumsum(logp.exp())  # (B, V), non-decreasing: the count of entries below the target is the first index
     tok = (cdf < (u * cdf[:, -1])[:, None]).sum(-1).clamp(max=cdf.shape[-1] - 1)  # reaching it (a fusable search)
     return torch.where(torch.isfinite(logp.gather(-1, tok[:, None]).squeeze(-1)), tok, logp.argmax(-1))
+
+
+@torch.compiler.disable  # inductor (torch 2.11, CUDA) fails to generate a 150k-wide scan: keep it one eager kernel
+def _cumsum(x: torch.Tensor) -> torch.Tensor:
+    return x.cumsum(-1)
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,6 +13,7 @@ The floor: bytes read per decode step (weights once, the KV cache up to the mean
 measured copy bandwidth. The profile: GPU time per kernel class over eager decode steps at batch 64.
 """
 
+import copy
 import functools
 import sys
 import time
@@ -22,7 +23,7 @@ import torch
 
 from aisrl.bench.report import machine, update_section, write_json
 from aisrl.engine import Engine
-from aisrl.quant import QuantConfig
+from aisrl.quant import QuantConfig, quant_config, quantize_
 from aisrl.rollout import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,6 +113,40 @@ def gemm(log, M=64):
     return rows
 
 
+def attention_sweep(log, B=64, H=32, Hk=8, D=128, length=512):
+    """Time the decode kernel's launch settings at an 8B-shaped decode step; install the fastest per cache dtype."""
+    import itertools
+
+    from triton.testing import do_bench
+
+    from aisrl import kernels
+
+    q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
+    start = torch.zeros(B, device="cuda", dtype=torch.int32)
+    end = torch.full((B,), length, device="cuda", dtype=torch.int32)
+    scales = torch.rand(Hk, device="cuda") + 0.5
+    rows = []
+    for kind, dtype in (("wide", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
+        k = torch.randn(B, Hk, length + 256, D, device="cuda").to(dtype)
+        v = torch.randn(B, Hk, length + 256, D, device="cuda").to(dtype)
+        best = None
+        for bn, warps, stages in itertools.product((32, 64, 128), (2, 4, 8), (2, 3)):
+            kernels.DECODE_CONFIG[kind] = {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
+            try:
+                ms = do_bench(lambda: kernels.decode_attention(q, k, v, scales, scales, start, end, 0, D**-0.5),  # noqa: B023
+                              warmup=5, rep=20, return_mode="median")  # fmt: skip
+            except Exception as e:
+                rows.append(dict(kind=kind, BLOCK_N=bn, num_warps=warps, num_stages=stages, error=repr(e)[:200]))
+                continue
+            rows.append(dict(kind=kind, BLOCK_N=bn, num_warps=warps, num_stages=stages, us=1e3 * ms,
+                             TBs=2 * k.element_size() * B * Hk * length * D / (ms * 1e-3) / 1e12))  # fmt: skip
+            if best is None or ms < best[0]:
+                best = (ms, dict(kernels.DECODE_CONFIG[kind]))
+        kernels.DECODE_CONFIG[kind] = best[1]
+        log({"attention_best": kind, **best[1], "us": 1e3 * best[0]})
+    return rows
+
+
 def throughput(model, shape, batches, prompt, new, hf, bw, log):
 
     rows = []
@@ -170,6 +205,13 @@ def accuracy(model, shape, log, n=64):
     del hf
     model.bfloat16()
     torch.cuda.empty_cache()
+    # the FP8 W8A8 format itself, emulated in FP32 (aisrl.quant fake-quant): separates the format's error from ours
+    emu = quantize_(copy.deepcopy(model).float(), quant_config("fp8_e4m3_w8a8"))
+    with torch.no_grad():
+        out = emu(input_ids=ids.cuda(), attention_mask=mask.long().cuda(), position_ids=_positions(mask).cuda())
+    logits["fp8_w8a8_emulated_fp32"] = out.logits[:, -1].double()
+    del emu, out
+    torch.cuda.empty_cache()
     rows = []
     for name, lg in logits.items():
         rows.append(_compare(shape, name, "hf_fp32", lg, ref32))
@@ -177,6 +219,9 @@ def accuracy(model, shape, log, n=64):
         if name == "bf16":
             continue
         rows.append(_compare(shape, name, "ours_bf16", lg, logits["bf16"]))
+        log(rows[-1])
+    for name in ("fp8_w8a8", "fp8_w8a8_kv"):  # our real-FP8 path against the format's emulation
+        rows.append(_compare(shape, name, "fp8_w8a8_emulated_fp32", logits[name], logits["fp8_w8a8_emulated_fp32"]))
         log(rows[-1])
     return rows
 
@@ -252,6 +297,10 @@ def run(shapes, batches, prompt, new, hf, prof, out_path, gemms=True):
 
     if gemms:
         data["gemm"] = gemm(log)
+        data["attention_sweep"] = attention_sweep(log)
+        from aisrl import kernels
+
+        data["decode_config"] = kernels.DECODE_CONFIG
     for shape in shapes:
         model = _model(shape)
         data["throughput"] += throughput(model, shape, batches, prompt, new, hf, bw * 1e12, log)
