@@ -148,6 +148,12 @@ class _Compiled:
     fails; `failure` then says why (benchmarks report it)."""
 
     def __init__(self, fn):
+        import torch._dynamo
+
+        # each engine (quantisation, batch, sampling settings) adds specialisations of the same few functions;
+        # past the default limit of 8 dynamo would silently run them eagerly
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+        torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, 2048)
         self.fn, self.compiled, self.failure = fn, torch.compile(fn, dynamic=False), None
 
     def __call__(self, *args):
@@ -214,7 +220,7 @@ class Engine:
                              "aisrl.rollout.generate (any Hugging Face causal LM) instead")  # fmt: skip
         if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "use_sliding_window", False):
             raise ValueError("Engine supports SiLU MLPs without sliding-window attention")
-        qc = quant_config(quant) if isinstance(quant, str) and quant != "none" else (quant or None)
+        qc = None if quant in (None, "none") else quant_config(quant) if isinstance(quant, str) else quant
         if qc is not None and (qc.format != "fp8_e4m3" or not qc.activations or qc.granularity == "block"):
             raise ValueError(f"Engine runs real FP8 GEMMs: quant must be 'none' or FP8 E4M3 W8A8 with tensor or "
                              f"channel scales (fp8_e4m3_w8a8, fp8_e4m3_tensor_w8a8, fp8_e4m3_w8a8_kv), not {qc}; "

@@ -85,8 +85,8 @@ def _kernel():
     return decode_kernel
 
 
-DECODE_CONFIG = {  # launch settings per cache element width
-    "fp8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+DECODE_CONFIG = {  # launch settings per cache element width: the fastest of a sweep on an H100 at batch 64, 512
+    "fp8": {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3},  # positions (benchmarks/gpu_rollout.py, BENCHMARKS 9)
     "wide": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
 }
 

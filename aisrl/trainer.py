@@ -146,6 +146,10 @@ def validate(cfg: TrainConfig) -> None:
         )
     if cfg.rollout.quant != "none":
         quant_config(cfg.rollout.quant)  # raises with the list of presets
+    if cfg.rollout.engine not in ("hf", "static"):
+        raise ValueError(f"unknown rollout.engine {cfg.rollout.engine!r}; choose from ['hf', 'static']")
+    if cfg.rollout.engine == "static" and (cfg.model.kind != "causal" or cfg.rollout.align):
+        raise ValueError("rollout.engine=static samples causal LMs without QaRL alignment (rollout.align=false)")
     if cfg.model.kind not in ("causal", "diffusion"):
         raise ValueError(f"unknown model.kind {cfg.model.kind!r}; choose from ['causal', 'diffusion']")
     if cfg.model.kind == "diffusion":
@@ -227,9 +231,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
     model, tok, task, encode = build(cfg)
     torch.manual_seed(cfg.seed)  # after build: the same state whether or not the lab model came from the cache
     model.to(device).train()
-    rollout = copy.deepcopy(model).eval()
-    if cfg.rollout.quant != "none":
-        quantize_(rollout, quant_config(cfg.rollout.quant))
+    rollout = _rollout_model(cfg, model, device, task, encode)
     kv_fp8 = getattr(getattr(rollout, "quant_config", None), "kv_cache", False)
     ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 and cfg.lora.r == 0 else None
     if cfg.rollout.align:  # QaRL: the trainer computes in the rollout format, gradients reach FP32 weights
@@ -335,6 +337,22 @@ def train(cfg: TrainConfig, log=print) -> dict:
     from aisrl.report import write_report
 
     return write_report(out)
+
+
+def _rollout_model(cfg: TrainConfig, model, device, task, encode):
+    """The low-precision copy that samples: a fake-quantised Hugging Face model, or the static-cache engine (sized
+    for the longest prompt of the task's splits)."""
+    if cfg.rollout.engine == "static":
+        from aisrl.engine import Engine
+
+        prompts = task.problems("train", cfg.train_problems, seed=cfg.seed) + task.problems(
+            "test", cfg.eval_problems, seed=cfg.seed + 1)  # fmt: skip
+        width = max(len(encode(p)) for p in prompts)
+        return Engine(model, cfg.rollout.quant, max_len=width + cfg.rollout.max_new_tokens, device=device)
+    rollout = copy.deepcopy(model).eval()
+    if cfg.rollout.quant != "none":
+        quantize_(rollout, quant_config(cfg.rollout.quant))
+    return rollout
 
 
 def _score_at(policy, model, rows, step, precision="fp32"):

@@ -23,7 +23,7 @@ def _recompute(model, r, params):
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
 def test_full_precision_matches_hugging_face(name):
     model = tiny_model(name)
-    eng = Engine(model, max_len=64)
+    eng = Engine(model, "none", max_len=64)  # as the trainer names full precision
     params = SamplingParams(20, temperature=0.9, top_k=50, top_p=0.95)
     r = eng.generate(PROMPTS, params, seeds=[1, 2, 3], eos_id=2)
     assert r.completion_ids.shape[0] == 3 and r.completion_mask.any(-1).all()

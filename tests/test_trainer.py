@@ -55,6 +55,24 @@ def test_resume_is_exact(tmp_path, monkeypatch):
         assert {k: v for k, v in x.items() if k not in drop} == {k: v for k, v in y.items() if k not in drop}
 
 
+def test_static_engine_rollouts_train_and_resume_exactly(tmp_path, monkeypatch):
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    base = [*TINY, "rollout.engine=static", "rollout.quant=fp8_e4m3_w8a8_kv", "checkpoint_every=2"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(load_config("lab", [*base, "max_steps=4", f"output_dir={a}"]), log=lambda _: None)
+    train(load_config("lab", [*base, "max_steps=2", f"output_dir={b}"]), log=lambda _: None)
+    train(load_config("lab", [*base, "max_steps=4", f"output_dir={b}"]), log=lambda _: None)  # resumes, re-syncs
+    ra, rb = rows(a), rows(b)
+    assert all(x["grad_norm"] > 0 for x in ra) and all(0 < x["k3_kl"] < 0.1 for x in ra)  # real FP8 mismatch
+    drop = ("time_rollout", "time_logprob", "time_correction", "time_train", "time_sync")
+    for x, y in zip(ra[2:], rb[2:], strict=True):
+        assert {k: v for k, v in x.items() if k not in drop} == {k: v for k, v in y.items() if k not in drop}
+    with pytest.raises(ValueError, match="FP8 E4M3 W8A8"):
+        train(load_config("lab", [*TINY, "rollout.engine=static", "rollout.quant=int4", f"output_dir={a}x"]))
+    with pytest.raises(ValueError, match="unknown rollout.engine 'vllm'"):
+        train(load_config("lab", [*TINY, "rollout.engine=vllm", f"output_dir={a}y"]))
+
+
 def test_crash_during_checkpoint_write_leaves_previous_loadable(tmp_path):
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters())

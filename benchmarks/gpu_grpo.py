@@ -1,0 +1,114 @@
+"""GRPO step time on a GPU with BF16 and with FP8 rollouts from the static engine, AIS on (issue 9).
+
+    python benchmarks/gpu_grpo.py [shape=qwen3-1.7b] [steps=4] [new=256] [variants=none,fp8_e4m3_w8a8_kv]
+                                  [out=benchmarks/results/gpu_grpo.json]
+    python benchmarks/gpu_grpo.py publish [out=...]
+
+The trainer is `aisrl.train` unchanged: lab task and lab tokenizer, 16 prompts x 8 samples, full fine-tuning
+with FP32 master weights under BF16 autocast, AdamW, AIS. Only the policy is swapped for a randomly
+initialised Qwen3-shaped model with a Qwen-sized vocabulary (151936; ids past the lab's characters decode
+to nothing), and EOS is disabled, so every completion has exactly `new` tokens and the two variants do the
+same work. Rewards are ~0 (an untrained model): this measures time, not learning. Step 1 (compilation,
+graph capture) is excluded from the means.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from aisrl.bench.report import machine, update_section, write_json
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = {
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
+}  # fmt: skip
+TIMES = ("time_rollout", "time_logprob", "time_correction", "time_train", "time_sync")
+
+
+def _patch_build(shape: str, vocab: int):
+    """Make aisrl.trainer.build return a random Qwen3-shaped policy with the lab's tokenizer and task."""
+    import aisrl.trainer as trainer
+    from aisrl.lab import CharTokenizer
+
+    original = trainer.build
+
+    def build(cfg):
+        from transformers import AutoModelForCausalLM, Qwen3Config
+
+        _, tok, task, encode = original(cfg)  # the lab's tokenizer, task and prompt encoding (no SFT asked)
+        tok.eos_token_id = -1  # never sampled: fixed-length completions
+        tok.decode = lambda ids, skip_special_tokens=True: CharTokenizer.decode(tok, [i for i in ids if i < len(tok)])
+        torch.manual_seed(cfg.seed)
+        torch.set_default_device(cfg.device if cfg.device != "auto" else None)  # initialise on the GPU: fast
+        config = Qwen3Config(**SHAPES[shape], vocab_size=vocab, max_position_embeddings=4096, pad_token_id=0,
+                             bos_token_id=1, eos_token_id=None)  # fmt: skip
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        torch.set_default_device(None)
+        return model, tok, task, encode
+
+    trainer.build = build
+
+
+def run(shape, steps, new, variants, out_path, device="cuda"):
+    from aisrl.train_config import load_config
+    from aisrl.trainer import train
+
+    _patch_build(shape, 151936 if shape != "tiny" else 512)
+    data = {"machine": machine(), "shape": shape, "new_tokens": new, "steps": steps, "runs": {},
+            "command": "python benchmarks/gpu_grpo.py " + " ".join(sys.argv[1:])}  # fmt: skip
+    for quant in variants:
+        out = Path(out_path).parent / f"gpu_grpo_{shape}_{quant}"
+        overrides = [f"device={device}", "precision=bf16" if device == "cuda" else "precision=fp32",
+                     "rollout.engine=static", f"rollout.quant={quant}", f"rollout.max_new_tokens={new}",
+                     "prompts_per_step=16", "group_size=8", "micro_batch=16", f"max_steps={steps}", "eval_problems=4",
+                     f"eval_every={10 * steps}", f"checkpoint_every={10 * steps}", "lab.sft_max_steps=0",
+                     "correction.name=ais", f"output_dir={out}"]  # fmt: skip
+        train(load_config("lab", overrides), log=lambda _: None)
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()][1:]  # step 1: warm-up
+        mean = {k: sum(r[k] for r in rows) / len(rows) for k in TIMES}
+        mean["step"] = sum(mean.values())
+        mean["rollout_tok_s"] = sum(r["num_tokens"] for r in rows) / sum(r["time_rollout"] for r in rows)
+        mean["alpha"] = sum(r["alpha"] for r in rows) / len(rows)
+        mean["k3_kl"] = sum(r["k3_kl"] for r in rows) / len(rows)
+        data["runs"][quant] = mean
+        print(quant, mean, flush=True)
+        write_json(out_path, data)
+    return data
+
+
+def publish(out_path):
+    data = json.loads(Path(out_path).read_text())
+    m = data["machine"]
+    base = data["runs"].get("none")
+    lines = [f"Command: `{data['command']}`; {m['cuda']}, torch {m['torch']}; random-init {data['shape']}-shaped "
+             "policy (vocabulary 151936), lab task, 16 prompts x 8 samples x "
+             f"{data['new_tokens']} new tokens (no EOS), "
+             "FP32 master weights under BF16 autocast, AIS; means over steps 2.."
+             f"{data['steps']} (seconds per step).", "",
+             "| rollouts | rollout | old log-probs | train | sync | step | rollout tok/s | step vs BF16 | alpha "
+             "| k3 KL |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for quant, r in data["runs"].items():
+        name = "BF16 (static engine)" if quant == "none" else quant
+        lines.append(f"| {name} | {r['time_rollout']:.2f} | {r['time_logprob']:.2f} | {r['time_train']:.2f} | "
+                     f"{r['time_sync']:.3f} | {r['step']:.2f} | {r['rollout_tok_s']:.0f} | "
+                     f"{r['step'] / base['step']:.2f}x | {r['alpha']:.3f} | {r['k3_kl']:.2e} |")  # fmt: skip
+    update_section(ROOT / "BENCHMARKS.md", "gpu_grpo", "\n".join(lines))
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 and "=" not in sys.argv[1] else "run"
+    kw = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+    out = kw.get("out", str(ROOT / "benchmarks/results/gpu_grpo.json"))
+    if what == "publish":
+        publish(out)
+    else:
+        run(kw.get("shape", "qwen3-1.7b"), int(kw.get("steps", 4)), int(kw.get("new", 256)),
+            kw.get("variants", "none,fp8_e4m3_w8a8_kv").split(","), out, kw.get("device", "cuda"))  # fmt: skip
