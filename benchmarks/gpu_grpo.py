@@ -13,6 +13,7 @@ graph capture) is excluded from the means.
 """
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -65,6 +66,7 @@ def run(shape, steps, new, variants, out_path, device="cuda"):
             "command": "python benchmarks/gpu_grpo.py " + " ".join(sys.argv[1:])}  # fmt: skip
     for quant in variants:
         out = Path(out_path).parent / f"gpu_grpo_{shape}_{quant}"
+        shutil.rmtree(out, ignore_errors=True)  # a fresh run, not a resume
         overrides = [f"device={device}", "precision=bf16" if device == "cuda" else "precision=fp32",
                      "rollout.engine=static", f"rollout.quant={quant}", f"rollout.max_new_tokens={new}",
                      "prompts_per_step=16", "group_size=8", "micro_batch=16", f"max_steps={steps}", "eval_problems=4",
