@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from aisrl.kernels import decode_attention, triton_available
+from aisrl.kernels import decode_attention, kernel_supports, triton_available
 from aisrl.quant import QuantConfig, quant_config
 from aisrl.rollout import Rollout, SamplingParams, _positions, device_of, inverse_cdf, left_pad, process_logits
 
@@ -229,11 +229,12 @@ class Engine:
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.quant, self.kv_fp8, self.max_len = qc, bool(qc and qc.kv_cache), max_len
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
-        self.use_kernel = self.device.type == "cuda" and triton_available()
-        compile = self.use_kernel if compile is None else compile  # inductor needs Triton on CUDA
-        self._fused = {k: _Compiled(f) for k, f in STAGES.items()} if compile else STAGES
         self.H, self.Hk = cfg.num_attention_heads, cfg.num_key_value_heads
         self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.H
+        self.use_kernel = self.device.type == "cuda" and triton_available() and kernel_supports(self.D)
+        if compile is None:
+            compile = self.device.type == "cuda" and triton_available()  # inductor needs Triton on CUDA
+        self._fused = {k: _Compiled(f) for k, f in STAGES.items()} if compile else STAGES
         self.eps, self.sm_scale = cfg.rms_norm_eps, self.D**-0.5
         state = _state_of(model)
         fp8, head_fp8 = (qc.granularity if qc else None), (qc.granularity if qc and qc.lm_head else None)

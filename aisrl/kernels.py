@@ -91,6 +91,11 @@ DECODE_CONFIG = {  # launch settings per cache element width: the fastest of a s
 }
 
 
+def kernel_supports(head_dim: int) -> bool:
+    """The kernel's tiles need a power-of-two head_dim of at least 16 (others use the reference)."""
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
+
+
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -110,7 +115,7 @@ def decode_attention(q, k_cache, v_cache, k_scale, v_scale, start, end, width: i
     B, H, D = q.shape
     Hk = k_cache.shape[1]
     G = H // Hk
-    if D & (D - 1) or D < 16:
+    if not kernel_supports(D):
         raise ValueError(f"the decode kernel needs a power-of-two head_dim >= 16, got {D}")
     out = torch.empty_like(q)
     q = q.contiguous()

@@ -14,6 +14,7 @@ graph capture) is excluded from the means.
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -57,30 +58,41 @@ def _patch_build(shape: str, vocab: int):
     trainer.build = build
 
 
-def run(shape, steps, new, variants, out_path, device="cuda"):
+def run_one(shape, steps, new, quant, out_dir, device):
+    """One variant (in its own process: a finished run's GPU memory is not all returned to the next)."""
     from aisrl.train_config import load_config
     from aisrl.trainer import train
 
     _patch_build(shape, 151936 if shape != "tiny" else 512)
+    shutil.rmtree(out_dir, ignore_errors=True)  # a fresh run, not a resume
+    overrides = [f"device={device}", "precision=bf16" if device == "cuda" else "precision=fp32",
+                 "rollout.engine=static", f"rollout.quant={quant}", f"rollout.max_new_tokens={new}",
+                 "prompts_per_step=16", "group_size=8", "micro_batch=16", f"max_steps={steps}", "eval_problems=4",
+                 f"eval_every={10 * steps}", f"checkpoint_every={10 * steps}", "lab.sft_max_steps=0",
+                 "correction.name=ais", f"output_dir={out_dir}"]  # fmt: skip
+    train(load_config("lab", overrides), log=lambda _: None)
+
+
+def summarise(metrics_path) -> dict:
+    """Mean seconds per phase over steps 2.. (step 1 compiles and captures graphs), rollout tokens/s, alpha, KL."""
+    rows = [json.loads(x) for x in Path(metrics_path).read_text().splitlines()][1:]
+    mean = {k: sum(r[k] for r in rows) / len(rows) for k in TIMES}
+    mean["step"] = sum(mean.values())
+    mean["rollout_tok_s"] = sum(r["num_tokens"] for r in rows) / sum(r["time_rollout"] for r in rows)
+    mean["alpha"] = sum(r["alpha"] for r in rows) / len(rows)
+    mean["k3_kl"] = sum(r["k3_kl"] for r in rows) / len(rows)
+    return mean
+
+
+def run(shape, steps, new, variants, out_path, device="cuda"):
     data = {"machine": machine(), "shape": shape, "new_tokens": new, "steps": steps, "runs": {},
             "command": "python benchmarks/gpu_grpo.py " + " ".join(sys.argv[1:])}  # fmt: skip
     for quant in variants:
         out = Path(out_path).parent / f"gpu_grpo_{shape}_{quant}"
-        shutil.rmtree(out, ignore_errors=True)  # a fresh run, not a resume
-        overrides = [f"device={device}", "precision=bf16" if device == "cuda" else "precision=fp32",
-                     "rollout.engine=static", f"rollout.quant={quant}", f"rollout.max_new_tokens={new}",
-                     "prompts_per_step=16", "group_size=8", "micro_batch=16", f"max_steps={steps}", "eval_problems=4",
-                     f"eval_every={10 * steps}", f"checkpoint_every={10 * steps}", "lab.sft_max_steps=0",
-                     "correction.name=ais", f"output_dir={out}"]  # fmt: skip
-        train(load_config("lab", overrides), log=lambda _: None)
-        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()][1:]  # step 1: warm-up
-        mean = {k: sum(r[k] for r in rows) / len(rows) for k in TIMES}
-        mean["step"] = sum(mean.values())
-        mean["rollout_tok_s"] = sum(r["num_tokens"] for r in rows) / sum(r["time_rollout"] for r in rows)
-        mean["alpha"] = sum(r["alpha"] for r in rows) / len(rows)
-        mean["k3_kl"] = sum(r["k3_kl"] for r in rows) / len(rows)
-        data["runs"][quant] = mean
-        print(quant, mean, flush=True)
+        args = [f"shape={shape}", f"steps={steps}", f"new={new}", f"variant={quant}", f"dir={out}", f"device={device}"]
+        subprocess.run([sys.executable, __file__, "one", *args], check=True)
+        data["runs"][quant] = summarise(out / "metrics.jsonl")
+        print(quant, data["runs"][quant], flush=True)
         write_json(out_path, data)
     return data
 
@@ -102,6 +114,8 @@ def publish(out_path):
         lines.append(f"| {name} | {r['time_rollout']:.2f} | {r['time_logprob']:.2f} | {r['time_train']:.2f} | "
                      f"{r['time_sync']:.3f} | {r['step']:.2f} | {r['rollout_tok_s']:.0f} | "
                      f"{r['step'] / base['step']:.2f}x | {r['alpha']:.3f} | {r['k3_kl']:.2e} |")  # fmt: skip
+    if data.get("note"):
+        lines += ["", f"Note: {data['note']}."]
     update_section(ROOT / "BENCHMARKS.md", "gpu_grpo", "\n".join(lines))
 
 
@@ -111,6 +125,8 @@ if __name__ == "__main__":
     out = kw.get("out", str(ROOT / "benchmarks/results/gpu_grpo.json"))
     if what == "publish":
         publish(out)
+    elif what == "one":
+        run_one(kw["shape"], int(kw["steps"]), int(kw["new"]), kw["variant"], kw["dir"], kw["device"])
     else:
         run(kw.get("shape", "qwen3-1.7b"), int(kw.get("steps", 4)), int(kw.get("new", 256)),
             kw.get("variants", "none,fp8_e4m3_w8a8_kv").split(","), out, kw.get("device", "cuda"))  # fmt: skip

@@ -319,9 +319,15 @@ def publish(out_path):
 
     data = json.loads(Path(out_path).read_text())
     m = data["machine"]
-    lines = [f"Command: `{data['command']}`; {m['cuda']}, torch {m['torch']}, Triton {data['triton']}; random-init "
+    sources = data.get("sources", {"everything": data["command"]})
+    lines = []
+    for part, cmd in sources.items():
+        command, _, remark = cmd.partition(" (")
+        lines.append(f"{part[0].upper() + part[1:]}: `{command}`" + (f" ({remark}" if remark else "") + ".")
+    lines += ["", f"{m['cuda']}, torch {m['torch']}, Triton {data['triton']}; random-init "
              f"Qwen3-shaped models in BF16, prompt {data['prompt']} + {data['new_tokens']} new tokens per request "
-             f"(no EOS), T=1 sampling; measured copy bandwidth {data['copy_bandwidth_TBs']:.2f} TB/s.", "",
+             f"(no EOS), T=1 sampling; measured copy bandwidth {data['copy_bandwidth_TBs']:.2f} TB/s "
+             "(read + write).", "",
              "| shape | batch | variant | tok/s | seconds | decode ms/step | floor ms/step | vs our BF16 | vs HF |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     rows = data["throughput"]
@@ -348,6 +354,22 @@ def publish(out_path):
         if a["variant"] != a["vs"] and not (a["variant"] == "bf16" and a["vs"] == "ours_bf16"):
             lines.append(f"| {a['shape']} | {a['variant']} | {a['vs']} | {a['rel_l2']:.2e} | {a['kl']:.2e} | "
                          f"{a['top1_agree']:.3f} |")  # fmt: skip
+    if data.get("gemm"):
+        lines += ["", "One GEMM of the Qwen3-8B decoder at 64 rows (median of 30 timed calls, microseconds; TB/s = "
+                  "weight bytes / time):", "",
+                  "| GEMM | N x K | BF16 us (TB/s) | FP8 rowwise us (TB/s) | FP8 tensorwise us (TB/s) |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for g in data["gemm"]:
+            cell = lambda k: f"{g[k + '_us']:.0f} ({g[k + '_TBs']:.2f})"  # noqa: B023, E731
+            lines.append(f"| {g['gemm']} | {g['n']} x {g['k']} | {cell('bf16')} | {cell('fp8_rowwise')} | "
+                         f"{cell('fp8_tensorwise')} |")  # fmt: skip
+    if data.get("decode_config"):
+        best = {k: min((r for r in data["attention_sweep"] if r["kind"] == k and "us" in r), key=lambda r: r["us"])
+                for k in ("wide", "fp8")}  # fmt: skip
+        lines += ["", "Decode attention kernel, batch 64 x 512 positions, 32 query / 8 KV heads of 128: fastest launch "
+                  f"settings of {len(data['attention_sweep']) // 2} tried, BF16 cache {best['wide']['us']:.0f} us "
+                  f"({best['wide']['TBs']:.2f} TB/s), FP8 cache {best['fp8']['us']:.0f} us ({best['fp8']['TBs']:.2f} "
+                  "TB/s); aisrl.kernels.DECODE_CONFIG holds them."]  # fmt: skip
     if data["profile"]:
         lines += [
             "",

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from aisrl.engine import Engine, Linear, counter_uniform
-from aisrl.kernels import decode_attention, decode_attention_ref
+from aisrl.kernels import decode_attention, decode_attention_ref, kernel_supports
 from aisrl.models import tiny_model
 from aisrl.quant import FakeQuantLinear, quant_config, quantize_
 from aisrl.rollout import SamplingParams, generate, logprobs
@@ -115,6 +115,7 @@ def test_sync_tracks_trainer_updates_and_bad_inputs():
 
 
 def test_reference_attention_is_plain_softmax_attention():
+    assert kernel_supports(128) and kernel_supports(16) and not kernel_supports(8) and not kernel_supports(96)
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 8), torch.randn(2, 2, 10, 8), torch.randn(2, 2, 10, 8)
     ks, vs = torch.tensor([0.5, 2.0]), torch.tensor([1.5, 0.25])
