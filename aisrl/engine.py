@@ -25,6 +25,7 @@ like aisrl.rollout.generate (different random streams: the two engines sample di
 
 from __future__ import annotations
 
+import numbers
 import time
 import warnings
 from dataclasses import dataclass
@@ -119,11 +120,11 @@ def _qkv_split(qkv, qn, kn, cos, sin, ks, vs, dims: tuple, eps: float, kv_fp8: b
     return q, _cache_format(k, ks, kv_fp8), _cache_format(v, vs, kv_fp8), k, v
 
 
-def _cache_format(t, scale, kv_fp8: bool):  # (B, S, Hk, D) -> (B, Hk, S, D), FP8 with per-head scales
+def _cache_format(t, scale, kv_fp8: bool):  # (B, S, Hk, D) -> (B, Hk, S, D), FP8 with (B, Hk) scales
     t = t.transpose(1, 2)
     if not kv_fp8:
         return t
-    return (t.float() / scale.view(1, -1, 1, 1)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return (t.float() / scale[:, :, None, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
 def _silu_mul(gu, fp8: bool):
@@ -160,7 +161,9 @@ class _Compiled:
         if self.failure is None:
             try:
                 return self.compiled(*args)
-            except Exception as e:  # an inductor bug on this torch / GPU: keep running, unfused
+            except Exception as e:
+                if not type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):
+                    raise  # not a compiler failure (out of memory, a shape error): the caller must see it
                 self.failure = f"{type(e).__name__}: {str(e)[:300]}"
                 warnings.warn(f"aisrl.engine: torch.compile failed on {self.fn.__name__}, running it eagerly: "
                               f"{self.failure}", stacklevel=2)  # fmt: skip
@@ -190,7 +193,7 @@ class _State:
 
     k: list  # per layer (B, Hk, S, D) keys, FP8 or the engine dtype
     v: list
-    ks: torch.Tensor  # (L, Hk) FP32 key scales (ones without an FP8 cache)
+    ks: torch.Tensor  # (L, B, Hk) FP32 key scales per request and head (ones without an FP8 cache)
     vs: torch.Tensor
     tok: torch.Tensor  # (B,) the token fed to the next step
     pos: torch.Tensor  # (B,) its rotary position
@@ -206,25 +209,61 @@ class _State:
     out_logp: torch.Tensor  # (B, T) FP32
 
 
+def engine_quant(quant: str | QuantConfig | None) -> QuantConfig | None:
+    """The engine's quantisation for a preset name / QuantConfig / None; raises for what it cannot run."""
+    qc = None if quant in (None, "none") else quant_config(quant) if isinstance(quant, str) else quant
+    if qc is not None and (qc.format != "fp8_e4m3" or not qc.activations or qc.granularity == "block"):
+        raise ValueError(f"Engine runs real FP8 GEMMs: quant must be 'none' or FP8 E4M3 W8A8 with tensor or "
+                         f"channel scales (fp8_e4m3_w8a8, fp8_e4m3_tensor_w8a8, fp8_e4m3_w8a8_kv), not {qc}; "
+                         "emulate other formats with aisrl.quant.quantize_ + aisrl.rollout.generate")  # fmt: skip
+    return qc
+
+
+def _check_model(cfg, state: dict, prefix: str, max_len: int) -> None:
+    """Refuse architectures the engine would run wrongly rather than silently."""
+    if cfg.model_type not in ARCHS:
+        raise ValueError(f"Engine supports model types {list(ARCHS)}, not {cfg.model_type!r}; use "
+                         "aisrl.rollout.generate (any Hugging Face causal LM) instead")  # fmt: skip
+    window = getattr(cfg, "sliding_window", None)
+    if getattr(cfg, "use_sliding_window", False) or (cfg.model_type == "mistral" and window and window < max_len):
+        raise ValueError(f"Engine attends to the whole context: this model uses sliding-window attention "
+                         f"({window} tokens) below max_len={max_len}")  # fmt: skip
+    if getattr(cfg, "hidden_act", "silu") != "silu" or f"{prefix}layers.0.mlp.gate_proj.bias" in state:
+        raise ValueError("Engine supports SiLU MLPs without biases (hidden_act='silu', mlp_bias=False)")
+
+
+def _check_fp8_device(device: torch.device, dims: dict) -> None:
+    """Real FP8 GEMMs need an FP8 GPU and matrix sizes that are multiples of 16: say so before generating."""
+    if device.type != "cuda":
+        return  # the CPU path computes the same sums in FP32
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        raise ValueError(f"FP8 GEMMs need compute capability >= 8.9 (Ada, Hopper or newer); "
+                         f"{torch.cuda.get_device_name(device)} has {major}.{minor}: use quant='none'")  # fmt: skip
+    odd = {k: v for k, v in dims.items() if v % 16}
+    if odd:
+        raise ValueError(f"FP8 GEMMs need dimensions that are multiples of 16; this model has {odd}")
+    try:
+        x = torch.ones(16, 16, device=device).to(torch.float8_e4m3fn)
+        one = torch.ones(16, 1, device=device)
+        torch._scaled_mm(x, x.t(), scale_a=one, scale_b=one.t(), out_dtype=torch.bfloat16)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"this torch ({torch.__version__}) cannot run FP8 GEMMs with per-row scales on "
+                         f"{torch.cuda.get_device_name(device)}: {e}") from e  # fmt: skip
+
+
 class Engine:
-    """See the module docstring. `quant`: None / "none" (full precision), or an FP8 E4M3 W8A8 preset of
-    aisrl.quant (tensor or channel weight scales; `_kv` adds the FP8 KV cache) or an equivalent QuantConfig.
-    `max_len` bounds prompt width + new tokens (the cache is allocated at that length); `compile` (default: on
-    CUDA) fuses the elementwise stages of the decode step with torch.compile."""
+    """See the module docstring. `quant`: None / "none" (full precision in the engine's dtype: BF16 on CUDA, as
+    GPU rollout engines run, FP32 on the CPU), or an FP8 E4M3 W8A8 preset of aisrl.quant (tensor or channel
+    weight scales; `_kv` adds the FP8 KV cache) or an equivalent QuantConfig. `max_len` bounds prompt width +
+    new tokens (the cache is allocated at that length); `compile` (default: on CUDA) fuses the elementwise
+    stages of the decode step with torch.compile."""
 
     def __init__(self, model, quant: str | QuantConfig | None = None, *, max_len: int = 2048,
                  device=None, dtype=None, cuda_graphs: bool = True, compile: bool | None = None):  # fmt: skip
-        cfg = model.config
-        if cfg.model_type not in ARCHS:
-            raise ValueError(f"Engine supports model types {list(ARCHS)}, not {cfg.model_type!r}; use "
-                             "aisrl.rollout.generate (any Hugging Face causal LM) instead")  # fmt: skip
-        if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "use_sliding_window", False):
-            raise ValueError("Engine supports SiLU MLPs without sliding-window attention")
-        qc = None if quant in (None, "none") else quant_config(quant) if isinstance(quant, str) else quant
-        if qc is not None and (qc.format != "fp8_e4m3" or not qc.activations or qc.granularity == "block"):
-            raise ValueError(f"Engine runs real FP8 GEMMs: quant must be 'none' or FP8 E4M3 W8A8 with tensor or "
-                             f"channel scales (fp8_e4m3_w8a8, fp8_e4m3_tensor_w8a8, fp8_e4m3_w8a8_kv), not {qc}; "
-                             "emulate other formats with aisrl.quant.quantize_ + aisrl.rollout.generate")  # fmt: skip
+        cfg, qc, state = model.config, engine_quant(quant), _state_of(model)
+        prefix = "model." if "model.embed_tokens.weight" in state else ""
+        _check_model(cfg, state, prefix, max_len)
         self.device = torch.device(device) if device is not None else device_of(model)
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.quant, self.kv_fp8, self.max_len = qc, bool(qc and qc.kv_cache), max_len
@@ -236,9 +275,14 @@ class Engine:
             compile = self.device.type == "cuda" and triton_available()  # inductor needs Triton on CUDA
         self._fused = {k: _Compiled(f) for k, f in STAGES.items()} if compile else STAGES
         self.eps, self.sm_scale = cfg.rms_norm_eps, self.D**-0.5
-        state = _state_of(model)
+        self.pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else 0
+        self.eos_id = cfg.eos_token_id
+        V = state[f"{prefix}embed_tokens.weight"].shape[0]
+        if qc is not None:
+            dims = {"hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+                    "heads * head_dim": self.H * self.D, "kv_heads * head_dim": self.Hk * self.D}  # fmt: skip
+            _check_fp8_device(self.device, dims | ({"vocab_size": V} if qc.lm_head else {}))
         fp8, head_fp8 = (qc.granularity if qc else None), (qc.granularity if qc and qc.lm_head else None)
-        prefix = "model." if "model.embed_tokens.weight" in state else ""
         self.prefix, self.layers = prefix, []
         for i in range(cfg.num_hidden_layers):
             p = f"{prefix}layers.{i}."
@@ -259,7 +303,6 @@ class Engine:
                 "qk_norm": a + "q_norm.weight" in state,
             }
             self.layers.append(layer)
-        V = state[f"{prefix}embed_tokens.weight"].shape[0]
         self.head = Linear(V, cfg.hidden_size, False, head_fp8, self.dtype, self.device)
         self.small = {}  # embeddings and norm weights, by state name
         self.load(state)
@@ -326,10 +369,10 @@ class Engine:
             qn = self.small.get(n + "self_attn.q_norm.weight")
             kn = self.small.get(n + "self_attn.k_norm.weight")
             qkv = layer["qkv"](h)  # (B*S, (H + 2 Hk) D)
-            if valid is not None and self.kv_fp8:  # calibrate per-head scales on this rollout's prompts
+            if valid is not None and self.kv_fp8:  # calibrate each request's per-head scales on its own prompt
                 _, _, _, k, v = f["qkv"](qkv, qn, kn, cos, sin, st.ks[i], st.vs[i], (B, S, H, Hk, D), eps, False)
                 for t, sc in ((k, st.ks[i]), (v, st.vs[i])):
-                    amax = t.abs().masked_fill(~valid[:, :, None, None], 0).amax(dim=(0, 1, 3)).float()  # (Hk,)
+                    amax = t.abs().masked_fill(~valid[:, :, None, None], 0).amax(dim=(1, 3)).float()  # (B, Hk)
                     sc.copy_(torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax)))
             q, kq, vq, _, _ = f["qkv"](qkv, qn, kn, cos, sin, st.ks[i], st.vs[i], (B, S, H, Hk, D), eps, self.kv_fp8)
             if valid is None:
@@ -339,8 +382,8 @@ class Engine:
                                      self.sm_scale, use_kernel=self.use_kernel)  # fmt: skip  (B, H, D)
             else:
                 st.k[i][:, :, :S], st.v[i][:, :, :S] = kq, vq
-                kd = kq.to(self.dtype) * st.ks[i].view(1, Hk, 1, 1).to(self.dtype)  # attend to what was stored
-                vd = vq.to(self.dtype) * st.vs[i].view(1, Hk, 1, 1).to(self.dtype)
+                kd = kq.to(self.dtype) * st.ks[i][:, :, None, None].to(self.dtype)  # attend to what was stored
+                vd = vq.to(self.dtype) * st.vs[i][:, :, None, None].to(self.dtype)
                 a = _prefill_attention(q, kd, vd, valid, self.sm_scale)
             delta = layer["o"](f["quant"](a.reshape(B * S, H * D), fp8)).view(B, S, -1)
             x, h = f["add_norm"](x, delta, self.small[n + "post_attention_layernorm.weight"], eps, fp8)
@@ -377,7 +420,7 @@ class Engine:
             st = self._st = _State(
                 [torch.zeros(shape, dtype=kv_dtype, device=dev) for _ in range(L)],
                 [torch.zeros(shape, dtype=kv_dtype, device=dev) for _ in range(L)],
-                torch.ones(L, self.Hk, device=dev), torch.ones(L, self.Hk, device=dev),
+                torch.ones(L, B, self.Hk, device=dev), torch.ones(L, B, self.Hk, device=dev),
                 z(B), z(B), z(1), z(B, dtype=torch.int32), z(B, dtype=torch.int32), z(1), z(B), z(max(8, n_eos)),
                 z(B, dtype=torch.bool), z(B), z(B, self.max_len), z(B, self.max_len, dtype=torch.float32),
             )  # fmt: skip
@@ -389,10 +432,7 @@ class Engine:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):  # warm up (kernel compilation, library handles) outside the capture
-                for _ in range(2):
-                    st.t.zero_()
-                    self._decode_step(st, params, self.max_len)
-            st.t.zero_()
+                self._warm_up(st, params)
             torch.cuda.current_stream(self.device).wait_stream(side)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
@@ -400,12 +440,26 @@ class Engine:
             self._graphs[key] = g
         return self._graphs[key]
 
+    def _warm_up(self, st: _State, params: SamplingParams, steps: int = 2):
+        """Decode `steps` throw-away steps from slot 0 (whatever the last call left in the buffers, e.g. a full
+        cache), then leave the counters at 0: generate() sets every buffer before it decodes."""
+        for _ in range(steps):
+            for buf in (st.t, st.slot, st.pos, st.start, st.lengths):
+                buf.zero_()
+            st.end.fill_(1)
+            st.done.zero_()
+            self._decode_step(st, params, 1)
+        st.t.zero_()
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams | None = None, *,
-                 seeds: list[int] | None = None, pad_id: int = 0, eos_id: int | list[int] | None = None,
+                 seeds: list[int] | None = None, pad_id: int | None = None, eos_id: int | list[int] | None = None,
                  tokenizer=None) -> Rollout:  # fmt: skip
-        """Sample one completion per prompt (stops at EOS or max_new_tokens); see the module docstring."""
+        """Sample one completion per prompt (stops at EOS or max_new_tokens); see the module docstring. As in
+        aisrl.rollout.generate, pad_id / eos_id default to the model config's and eos_id=[] disables EOS."""
         params = params or SamplingParams()
+        pad_id = self.pad_id if pad_id is None else pad_id
+        eos_id = self.eos_id if eos_id is None else eos_id
         if params.stop:
             raise ValueError("Engine stops at EOS tokens only; drop the stop strings or use aisrl.rollout.generate")
         ids, pmask = left_pad(prompts, pad_id)
@@ -416,7 +470,7 @@ class Engine:
         seeds = list(range(B)) if seeds is None else list(seeds)
         if len(seeds) != B:
             raise ValueError(f"need one seed per prompt: {len(seeds)} seeds for {B} prompts")
-        eos = [eos_id] if isinstance(eos_id, int) else list(eos_id or [])
+        eos = [int(eos_id)] if isinstance(eos_id, numbers.Integral) else [int(e) for e in eos_id or []]
         st = self._state(B, len(eos))
         graph = self._graph(st, params) if self.cuda_graphs else None
         dev = self.device
@@ -444,7 +498,8 @@ class Engine:
         T_used = int(lengths.max())
         cmask = torch.arange(T_used)[None] < lengths[:, None]
         out_logp = st.out_logp[:, :T_used].cpu()
-        return Rollout(ids.cpu(), pmask.cpu(), st.out_ids[:, :T_used].cpu(), cmask, torch.where(cmask, out_logp, 0.0))
+        out_ids = st.out_ids[:, :T_used].to("cpu", copy=True)  # a copy: the buffers are reused by the next call
+        return Rollout(ids.cpu(), pmask.cpu(), out_ids, cmask, torch.where(cmask, out_logp, 0.0))
 
     def compile_failures(self) -> dict:
         """{stage: why} for decode stages torch.compile could not fuse (they run eagerly)."""

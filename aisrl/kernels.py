@@ -24,12 +24,13 @@ import torch
 
 
 def decode_attention_ref(q, k_cache, v_cache, k_scale, v_scale, start, end, width: int, sm_scale: float):
-    """q (B, H, D); caches (B, Hk, S, D) of any float dtype; scales (Hk,) FP32; start/end (B,) int; attends to
-    slots [start_b, end_b) within the first `width` slots. Returns (B, H, D) in q's dtype."""
+    """q (B, H, D); caches (B, Hk, S, D) of any float dtype; scales (B, Hk) FP32 (per request and kv head);
+    start/end (B,) int; attends to slots [start_b, end_b) within the first `width` slots. Returns (B, H, D) in
+    q's dtype."""
     B, H, D = q.shape
     Hk = k_cache.shape[1]
-    k = k_cache[:, :, :width].float() * k_scale.view(1, Hk, 1, 1)  # (B, Hk, W, D)
-    v = v_cache[:, :, :width].float() * v_scale.view(1, Hk, 1, 1)
+    k = k_cache[:, :, :width].float() * k_scale.view(B, Hk, 1, 1)  # (B, Hk, W, D)
+    v = v_cache[:, :, :width].float() * v_scale.view(B, Hk, 1, 1)
     qg = q.float().view(B, Hk, H // Hk, D)  # query heads grouped by the kv head they read
     scores = torch.einsum("bkgd,bksd->bkgs", qg, k) * sm_scale  # (B, Hk, G, W)
     slots = torch.arange(width, device=q.device)
@@ -45,10 +46,10 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def decode_kernel(Q, K, V, KS, VS, START, END, O, sq_b, sq_h, sk_b, sk_h, sk_s, so_b, so_h, sm_scale,
+    def decode_kernel(Q, K, V, KS, VS, START, END, O, sq_b, sq_h, sk_b, sk_h, sk_s, so_b, so_h, sm_scale, S, Hk,
                       G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                       WIDE: tl.constexpr):  # fmt: skip
-        b = tl.program_id(0)
+        b = tl.program_id(0).to(tl.int64)  # 64-bit offsets: a layer's cache may exceed 2^31 elements
         hk = tl.program_id(1)
         g = tl.arange(0, BLOCK_G)
         d = tl.arange(0, D)
@@ -56,9 +57,9 @@ def _kernel():
         head = hk * G + g  # the query heads of this kv head (rows >= G are padding for the matrix unit)
         q = tl.load(Q + b * sq_b + head[:, None] * sq_h + d[None, :], mask=(g < G)[:, None], other=0.0)
         q = q.to(WIDE)  # (BLOCK_G, D)
-        s_scale = sm_scale * tl.load(KS + hk)
+        s_scale = sm_scale * tl.load(KS + b * Hk + hk)
         lo = tl.load(START + b)
-        hi = tl.load(END + b)
+        hi = tl.minimum(tl.load(END + b), S)  # never past the cache, whatever the state says
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)  # running max of the scores
         l_sum = tl.zeros([BLOCK_G], tl.float32)  # running softmax denominator
         acc = tl.zeros([BLOCK_G, D], tl.float32)
@@ -78,7 +79,7 @@ def _kernel():
             l_sum = l_sum * shrink + tl.sum(p, 1)
             acc = acc * shrink[:, None] + tl.dot(p.to(WIDE), v)
             m = m_new
-        out = acc / l_sum[:, None] * tl.load(VS + hk)
+        out = acc / l_sum[:, None] * tl.load(VS + b * Hk + hk)
         o_ptr = O + b * so_b + head[:, None] * so_h + d[None, :]
         tl.store(o_ptr, out.to(O.dtype.element_ty), mask=(g < G)[:, None])
 
@@ -109,7 +110,7 @@ def decode_attention(q, k_cache, v_cache, k_scale, v_scale, start, end, width: i
     """Decode attention (see the module docstring): the Triton kernel on CUDA when Triton is installed (no host
     synchronisation, so CUDA graphs can capture it), else the PyTorch reference."""
     if use_kernel is None:
-        use_kernel = q.is_cuda and triton_available()
+        use_kernel = q.is_cuda and triton_available() and kernel_supports(q.shape[-1])
     if not use_kernel:
         return decode_attention_ref(q, k_cache, v_cache, k_scale, v_scale, start, end, width, sm_scale)
     B, H, D = q.shape
@@ -117,14 +118,14 @@ def decode_attention(q, k_cache, v_cache, k_scale, v_scale, start, end, width: i
     G = H // Hk
     if not kernel_supports(D):
         raise ValueError(f"the decode kernel needs a power-of-two head_dim >= 16, got {D}")
-    out = torch.empty_like(q)
     q = q.contiguous()
+    out = torch.empty_like(q)
     if k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride():
         raise ValueError("the decode kernel needs K and V caches of one contiguous (B, Hk, S, D) layout")
     _kernel()[(B, Hk)](
         q, k_cache, v_cache, k_scale, v_scale, start, end, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        out.stride(0), out.stride(1), sm_scale,
+        out.stride(0), out.stride(1), sm_scale, k_cache.shape[2], Hk,
         G=G, BLOCK_G=max(16, 1 << math.ceil(math.log2(G))), D=D, WIDE=_wide(),
         **DECODE_CONFIG["fp8" if k_cache.element_size() == 1 else "wide"],
     )  # fmt: skip

@@ -269,11 +269,14 @@ def sync_weights(trainer: nn.Module | dict[str, torch.Tensor], rollout: nn.Modul
 
 
 def fp8_kv(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Fake-quantise keys or values (B, H, S, D) to FP8 E4M3 with per-head scales (1, H, 1, 1)."""
+    """Fake-quantise keys or values (B, H, S, D) to FP8 E4M3 with per-request, per-head scales (B, H, 1, 1)."""
     return fake_float(x / scale, "e4m3") * scale
 
 
-def kv_scales(x: torch.Tensor, margin: float = 1.0) -> torch.Tensor:
-    """Per-head E4M3 scales amax / 448 of calibration keys or values (B, H, S, D) -> (1, H, 1, 1)."""
-    amax = x.detach().abs().amax(dim=(0, 2, 3), keepdim=True) * margin
-    return _amax_scale(amax.float(), 448.0)
+def kv_scales(x: torch.Tensor, mask: torch.Tensor | None = None, margin: float = 1.0) -> torch.Tensor:
+    """E4M3 scales amax / 448 of calibration keys or values (B, H, S, D) per request and head -> (B, H, 1, 1),
+    over the positions where `mask` (B, S) is True (padding left out), so no request's scale depends on another."""
+    a = x.detach().abs()
+    if mask is not None:
+        a = a.masked_fill(~mask[:, None, :, None].to(a.device), 0)
+    return _amax_scale(a.amax(dim=(2, 3), keepdim=True).float() * margin, 448.0)

@@ -9,7 +9,7 @@ one token per step through the model's KV cache. Each request samples by inverse
 number drawn from its own generator, so a request's completion depends only on its seed and prompt,
 not on the batch it shares. Rows stop at EOS (kept in the completion and its mask), at a stop string
 (needs the tokenizer) or at max_new_tokens. An FP8 KV cache (`kv_cache_fp8=True`) fake-quantises keys
-and values to E4M3 with per-head scales calibrated on each rollout's prefill, so scales follow the
+and values to E4M3 with per-request, per-head scales calibrated on each rollout's prefill, so scales follow the
 weights after every sync (FP8-RL's per-step QKV recalibration).
 
 Memory: log-softmax is taken over (B, V) for one step at a time in generation, and over (B, chunk, V)
@@ -103,20 +103,22 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
-def _make_cache(fp8: bool):
+def _make_cache(fp8: bool, prompt_mask: torch.Tensor | None = None):
     from transformers import DynamicCache
 
     if not fp8:
         return DynamicCache()
 
     class FP8KVCache(DynamicCache):
-        """Keys/values stored as FP8 E4M3 (fake-quantised), per-head scales set at the first update."""
+        """Keys/values stored as FP8 E4M3 (fake-quantised); per-request, per-head scales set at the first update
+        (the prefill) from the prompt's own positions."""
 
         scales: dict = {}
 
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
             if layer_idx not in self.scales:
-                self.scales[layer_idx] = (kv_scales(key_states), kv_scales(value_states))
+                m = prompt_mask if prompt_mask is not None and prompt_mask.shape[1] == key_states.shape[2] else None
+                self.scales[layer_idx] = (kv_scales(key_states, m), kv_scales(value_states, m))
             ks, vs = self.scales[layer_idx]
             k = fp8_kv(key_states.float(), ks).to(key_states.dtype)
             v = fp8_kv(value_states.float(), vs).to(value_states.dtype)
@@ -169,8 +171,8 @@ def generate(
     out_logp = torch.zeros(B, T)
     done = torch.zeros(B, dtype=torch.bool)
     lengths = torch.zeros(B, dtype=torch.long)
-    cache = _make_cache(kv_cache_fp8)
     attn = pmask.to(device)
+    cache = _make_cache(kv_cache_fp8, attn)
     pos = _positions(attn)
     step_in, step_pos = ids.to(device), pos
     for t in range(T):

@@ -150,6 +150,10 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"unknown rollout.engine {cfg.rollout.engine!r}; choose from ['hf', 'static']")
     if cfg.rollout.engine == "static" and (cfg.model.kind != "causal" or cfg.rollout.align):
         raise ValueError("rollout.engine=static samples causal LMs without QaRL alignment (rollout.align=false)")
+    if cfg.rollout.engine == "static":
+        from aisrl.engine import engine_quant
+
+        engine_quant(cfg.rollout.quant)  # raises, naming the formats the engine runs, before any model is built
     if cfg.model.kind not in ("causal", "diffusion"):
         raise ValueError(f"unknown model.kind {cfg.model.kind!r}; choose from ['causal', 'diffusion']")
     if cfg.model.kind == "diffusion":

@@ -85,6 +85,8 @@ def summarise(metrics_path) -> dict:
 
 
 def run(shape, steps, new, variants, out_path, device="cuda"):
+    if steps < 2:
+        raise ValueError("steps must be >= 2: step 1 (compilation, graph capture) is left out of the means")
     data = {"machine": machine(), "shape": shape, "new_tokens": new, "steps": steps, "runs": {},
             "command": "python benchmarks/gpu_grpo.py " + " ".join(sys.argv[1:])}  # fmt: skip
     for quant in variants:

@@ -124,7 +124,7 @@ def attention_sweep(log, B=64, H=32, Hk=8, D=128, length=512):
     q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
     start = torch.zeros(B, device="cuda", dtype=torch.int32)
     end = torch.full((B,), length, device="cuda", dtype=torch.int32)
-    scales = torch.rand(Hk, device="cuda") + 0.5
+    scales = torch.rand(B, Hk, device="cuda") + 0.5
     rows = []
     for kind, dtype in (("wide", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
         k = torch.randn(B, Hk, length + 256, D, device="cuda").to(dtype)

@@ -20,9 +20,22 @@ def _recompute(model, r, params):
     return logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, params)
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+def _mistral():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=None, pad_token_id=0,
+                        eos_token_id=2)  # fmt: skip
+    return MistralForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen2-tied", "tiny-qwen3", "mistral"])
 def test_full_precision_matches_hugging_face(name):
-    model = tiny_model(name)
+    if name == "mistral":
+        model = _mistral()
+    else:
+        model = tiny_model(name.removesuffix("-tied"), tie_word_embeddings=name.endswith("-tied"))
     eng = Engine(model, "none", max_len=64)  # as the trainer names full precision
     params = SamplingParams(20, temperature=0.9, top_k=50, top_p=0.95)
     r = eng.generate(PROMPTS, params, seeds=[1, 2, 3], eos_id=2)
@@ -30,18 +43,21 @@ def test_full_precision_matches_hugging_face(name):
     # rollout_logp is the processed distribution's log-prob, as the trainer recomputes it
     torch.testing.assert_close(r.rollout_logp, _recompute(model, r, params), atol=1e-5, rtol=0)
     greedy = SamplingParams(15, greedy=True)
-    ours = eng.generate(PROMPTS, greedy, eos_id=None)
+    ours = eng.generate(PROMPTS, greedy, eos_id=[])
     theirs = generate(model, PROMPTS, greedy, eos_id=[])
     assert torch.equal(ours.completion_ids, theirs.completion_ids)
 
 
-def test_sampling_is_per_request_and_deterministic():
-    eng = Engine(tiny_model("tiny-llama"), max_len=64)
+@pytest.mark.parametrize("quant", [None, "fp8_e4m3_w8a8_kv"])
+def test_sampling_is_per_request_and_deterministic(quant):
+    eng = Engine(tiny_model("tiny-qwen3"), quant, max_len=64)
     params = SamplingParams(12)
-    a = eng.generate(PROMPTS, params, seeds=[7, 8, 9], eos_id=None)
-    b = eng.generate(PROMPTS[1:], params, seeds=[8, 9], eos_id=None)  # another batch, same requests
-    c = eng.generate(PROMPTS, params, seeds=[7, 8, 10], eos_id=None)
-    assert torch.equal(a.completion_ids[1:], b.completion_ids) and torch.equal(a.rollout_logp[1:], b.rollout_logp)
+    a = eng.generate(PROMPTS, params, seeds=[7, 8, 9], eos_id=[])
+    b = eng.generate(PROMPTS[:2], params, seeds=[7, 8], eos_id=[])  # another batch, narrower padding
+    c = eng.generate(PROMPTS, params, seeds=[7, 8, 10], eos_id=[])
+    # a request's completion does not depend on its batch or padding (FP8 KV scales are per request)
+    torch.testing.assert_close(a.rollout_logp[:2], b.rollout_logp, atol=1e-5, rtol=0)
+    assert torch.equal(a.completion_ids[:2], b.completion_ids)
     assert torch.equal(a.completion_ids[:2], c.completion_ids[:2])
     assert not torch.equal(a.completion_ids[2], c.completion_ids[2])
     # the counter-based uniforms: in (0, 1), roughly uniform, a function of (seed, step) only
@@ -86,7 +102,7 @@ def test_fp8_engine_matches_fake_quant_model(name):
 def test_fp8_kv_cache_stores_bytes_and_stays_close():
     model = tiny_model("tiny-qwen3")
     eng = Engine(model, "fp8_e4m3_w8a8_kv", max_len=64)
-    r = eng.generate(PROMPTS, SamplingParams(16), seeds=[1, 2, 3], eos_id=None)
+    r = eng.generate(PROMPTS, SamplingParams(16), seeds=[1, 2, 3], eos_id=[])
     assert eng._st.k[0].dtype == torch.float8_e4m3fn and (eng._st.ks > 0).all() and not (eng._st.ks == 1).all()
     fq = quantize_(copy.deepcopy(model), quant_config("fp8_e4m3_w8a8"))
     err = (r.rollout_logp - _recompute(fq, r, SamplingParams(16)))[r.completion_mask].abs()
@@ -112,19 +128,39 @@ def test_sync_tracks_trainer_updates_and_bad_inputs():
         eng.generate(PROMPTS, SamplingParams(4, stop=["x"]))
     with pytest.raises(ValueError, match="no tensor"):
         eng.sync({})
+    with pytest.raises(ValueError, match="without biases"):
+        Engine(tiny_model("tiny-llama", mlp_bias=True))
+    with pytest.raises(ValueError, match="sliding-window attention"):
+        model = _mistral()
+        model.config.sliding_window = 16
+        Engine(model, max_len=32)
+
+
+def test_state_is_reused_safely_across_calls():
+    model = tiny_model("tiny-qwen3")
+    eng = Engine(model, "fp8_e4m3_w8a8_kv", max_len=24)
+    full = eng.generate(PROMPTS, SamplingParams(17), seeds=[1, 2, 3], eos_id=[])  # 7 + 17: the cache is full
+    eng._warm_up(eng._st, SamplingParams(4, greedy=True))  # what CUDA-graph capture runs first: must stay in bounds
+    narrow = eng.generate(PROMPTS[:2], SamplingParams(5, greedy=True), eos_id=[])  # other batch, width, settings
+    wide = eng.generate(PROMPTS, SamplingParams(17), seeds=[1, 2, 3], eos_id=[])
+    fresh = Engine(model, "fp8_e4m3_w8a8_kv", max_len=24)
+    assert torch.equal(wide.completion_ids, full.completion_ids) and torch.equal(wide.rollout_logp, full.rollout_logp)
+    again = fresh.generate(PROMPTS[:2], SamplingParams(5, greedy=True), eos_id=[])
+    assert torch.equal(narrow.completion_ids, again.completion_ids)
+    assert eng.generate(PROMPTS, SamplingParams(3)).completion_mask.shape[1] <= 3  # EOS from the config (id 2)
 
 
 def test_reference_attention_is_plain_softmax_attention():
     assert kernel_supports(128) and kernel_supports(16) and not kernel_supports(8) and not kernel_supports(96)
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 8), torch.randn(2, 2, 10, 8), torch.randn(2, 2, 10, 8)
-    ks, vs = torch.tensor([0.5, 2.0]), torch.tensor([1.5, 0.25])
+    ks, vs = torch.tensor([[0.5, 2.0], [1.0, 3.0]]), torch.tensor([[1.5, 0.25], [0.5, 1.0]])  # (B, Hk)
     start, end = torch.tensor([1, 0]), torch.tensor([7, 10])
     out = decode_attention_ref(q, k, v, ks, vs, start, end, 10, 0.3)
     for b in range(2):
         for h in range(4):
             kv = h // 2  # grouped-query: heads 0,1 read kv head 0
-            keys, vals = k[b, kv, start[b] : end[b]] * ks[kv], v[b, kv, start[b] : end[b]] * vs[kv]
+            keys, vals = k[b, kv, start[b] : end[b]] * ks[b, kv], v[b, kv, start[b] : end[b]] * vs[b, kv]
             expect = ((keys @ q[b, h]) * 0.3).softmax(0) @ vals
             torch.testing.assert_close(out[b, h], expect)
 
@@ -137,7 +173,7 @@ def test_cuda_decode_kernel_matches_reference(kv_dtype):
     q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
     k = (torch.randn(B, Hk, S, D, device="cuda") * 3).to(kv_dtype)
     v = torch.randn(B, Hk, S, D, device="cuda").to(kv_dtype)
-    ks, vs = torch.rand(Hk, device="cuda") + 0.5, torch.rand(Hk, device="cuda") + 0.5
+    ks, vs = torch.rand(B, Hk, device="cuda") + 0.5, torch.rand(B, Hk, device="cuda") + 0.5
     start = torch.tensor([0, 3, 100, 0, 250], device="cuda", dtype=torch.int32)
     end = torch.tensor([1, 200, 101, 300, 290], device="cuda", dtype=torch.int32)
     ref = decode_attention_ref(q, k, v, ks, vs, start, end, S, D**-0.5).float()
@@ -150,9 +186,14 @@ def test_cuda_decode_kernel_matches_reference(kv_dtype):
 def test_cuda_engine_graphs_match_eager_and_cpu(quant):
     model = tiny_model("tiny-qwen3", hidden=128)
     params = SamplingParams(24)
-    graphed = Engine(model.cuda(), quant, max_len=64).generate(PROMPTS, params, seeds=[1, 2, 3], eos_id=2)
+    engine = Engine(model.cuda(), quant, max_len=64)
+    graphed = engine.generate(PROMPTS, params, seeds=[1, 2, 3], eos_id=2)
     eager = Engine(model, quant, max_len=64, cuda_graphs=False).generate(PROMPTS, params, seeds=[1, 2, 3], eos_id=2)
     assert torch.equal(graphed.completion_ids, eager.completion_ids)
+    engine.generate(PROMPTS, SamplingParams(57, greedy=True), eos_id=[])  # a second graph; leaves the cache full
+    engine.generate(PROMPTS, SamplingParams(8, temperature=0.7), eos_id=[])  # a third, captured from that state
+    again = engine.generate(PROMPTS, params, seeds=[1, 2, 3], eos_id=2)
+    assert torch.equal(again.completion_ids, graphed.completion_ids)
     torch.testing.assert_close(graphed.rollout_logp, eager.rollout_logp)
     # BF16 on the GPU against FP32 on the CPU: the same uniforms, so the first tokens agree unless a uniform falls
     # at a CDF boundary that the rounding moves (then the neighbouring token is drawn)
