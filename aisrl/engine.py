@@ -5,16 +5,17 @@ Why: low-precision rollouts are only worth their mismatch if they are fast, and 
 bytes it reads each step (the weights, then the KV cache). `aisrl.rollout.generate` runs any Hugging Face
 model with fake-quantised layers, which is exact but no faster. This engine re-implements the decoder
 of the common architectures with
-  - FP8 E4M3 W8A8 linears as one `torch._scaled_mm` each: weights quantised per output channel (or per
-    tensor) at every sync, activations per token at run time, y = (q_x q_w^T) * s_x s_w^T with FP32
-    accumulation, the numerics of aisrl.quant's fake-quant `fp8_e4m3_w8a8` (DeepSeek-V3, FP8-RL);
+  - FP8 E4M3 W8A8 linears as one `torch._scaled_mm` each, with the numerics of aisrl.quant's fake-quant
+    `fp8_e4m3_w8a8` (aisrl.engine_ops.Linear);
   - fused QKV and gate/up projections (one GEMM each, scales stay per output row);
-  - a static (B, H_kv, S, D) KV cache per layer, optionally FP8 E4M3 with per-head scales calibrated on each
-    rollout's prefill (so they follow the weights after every sync), read by aisrl.kernels.decode_attention
-    without a BF16 copy;
-  - on CUDA one captured graph per (batch, sampling settings) for the whole decode step, sampling included;
-  - counter-based sampling: request b's uniform at step t is a hash of (seed_b, t), computed on the device, so
-    a completion depends only on its seed and prompt, never on its batch, and no generator state is kept.
+  - a static (B, H_kv, S, D) KV cache per layer. Optionally it is FP8 E4M3, with per-request, per-head scales
+    calibrated on each prompt at prefill, so they follow the weights after every sync. It is read by
+    aisrl.kernels.decode_attention without a BF16 copy;
+  - the elementwise stages between GEMMs fused by torch.compile on CUDA (aisrl.engine_ops);
+  - on CUDA, one captured graph per (batch, sampling settings) for the whole decode step, sampling included;
+  - counter-based sampling: request b's uniform at step t is a hash of (seed_b, t). A completion then depends
+    only on its seed and prompt, not on its batch or padding (up to the GPU's batch-size-dependent GEMM
+    rounding).
 `generate` returns `aisrl.rollout.Rollout` with `rollout_logp` under the processed sampling distribution,
 like aisrl.rollout.generate (different random streams: the two engines sample different completions).
 
@@ -27,164 +28,16 @@ from __future__ import annotations
 
 import numbers
 import time
-import warnings
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from aisrl.engine_ops import E4M3_MAX, STAGES, CompiledStage, Linear, prefill_attention
 from aisrl.kernels import decode_attention, kernel_supports, triton_available
 from aisrl.quant import QuantConfig, quant_config
-from aisrl.rollout import Rollout, SamplingParams, _positions, device_of, inverse_cdf, left_pad, process_logits
+from aisrl.rollout import Rollout, SamplingParams, _positions, device_of, left_pad
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3")
-E4M3_MAX = 448.0
-_M32 = 0xFFFFFFFF
-
-
-def fp8_rows(x: torch.Tensor, per_tensor: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(M, K) -> FP8 E4M3 values (M, K) and FP32 scales (M, 1) = amax / 448 per row (or one shared amax)."""
-    amax = (x.abs().amax() if per_tensor else x.abs().amax(-1)).float().expand(x.shape[0])[:, None]  # (M, 1)
-    s = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-    return (x.float() / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), s
-
-
-class Linear:
-    """One or several fused nn.Linear weights (concatenated along the output), full precision or FP8 W8A8."""
-
-    def __init__(self, n_out: int, n_in: int, bias: bool, fp8: str | None, dtype, device):
-        self.fp8 = fp8  # None, "channel" or "tensor"
-        self.w = torch.empty(n_out, n_in, dtype=torch.float8_e4m3fn if fp8 else dtype, device=device)
-        self.s = torch.empty(1, n_out, device=device) if fp8 else None  # per output row FP32 scale
-        self.b = torch.empty(n_out, dtype=dtype, device=device) if bias else None
-
-    def load(self, weights: list[torch.Tensor], biases: list[torch.Tensor] | None) -> None:
-        """Copy (and quantise) in place: captured graphs keep pointing at these buffers."""
-        if self.fp8:
-            parts = [fp8_rows(w.float(), per_tensor=self.fp8 == "tensor") for w in weights]
-            self.w.copy_(torch.cat([q for q, _ in parts]))
-            self.s.copy_(torch.cat([s for _, s in parts]).T)
-        else:
-            self.w.copy_(torch.cat(weights))
-        if self.b is not None:
-            self.b.copy_(torch.cat(biases))
-
-    def __call__(self, x) -> torch.Tensor:  # (M, n_in), or its FP8 rows and scales -> (M, n_out)
-        if self.fp8:
-            xq, sx = x if isinstance(x, tuple) else fp8_rows(x)
-            y = _fp8_mm(xq, sx, self.w, self.s, _OUT_DTYPE[xq.device.type])
-        else:
-            y = x @ self.w.t()
-        return y if self.b is None else y + self.b
-
-
-_OUT_DTYPE = {"cuda": torch.bfloat16, "cpu": torch.float32}
-
-
-def _fp8_mm(xq, sx, w, sw, out_dtype):
-    """(xq sx)(w sw)^T with FP32 accumulation: one `torch._scaled_mm` on CUDA; on the CPU the same sum in FP32 (CPU
-    builds of torch may only take per-tensor scales)."""
-    if xq.is_cuda:
-        return torch._scaled_mm(xq, w.t(), scale_a=sx, scale_b=sw, out_dtype=out_dtype)
-    return ((xq.float() @ w.float().t()) * sx * sw).to(out_dtype)
-
-
-def _rms(x, w, eps):
-    xf = x.float()
-    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def _rope(x, cos, sin):  # x (B, S, heads, D); cos/sin (B, S, 1, D): Hugging Face's rotate-half convention
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
-# The elementwise stages between GEMMs, written as functions so that on CUDA torch.compile fuses each into one or
-# two kernels (eager PyTorch launches ~60 kernels per layer, which costs more than the FP8 GEMMs save).
-def _add_norm(x, delta, w, eps: float, fp8: bool):
-    """Residual add, RMSNorm and (FP8 engines) per-token quantisation of the result: (x, normed input)."""
-    x = x if delta is None else x + delta
-    h = _rms(x, w, eps)
-    return x, (fp8_rows(h.flatten(0, -2)) if fp8 else h.flatten(0, -2))
-
-
-def _qkv_split(qkv, qn, kn, cos, sin, ks, vs, dims: tuple, eps: float, kv_fp8: bool):
-    """(B*S, (H + 2 Hk) D) -> q (B, S, H, D) and keys/values (B, Hk, S, D) in the cache's format, after the Qwen3
-    q/k norms (when qn is given) and rotary embedding; also the unquantised keys and values."""
-    B, S, H, Hk, D = dims
-    q, k, v = qkv.view(B, S, -1).split([H * D, Hk * D, Hk * D], dim=-1)
-    q, k, v = q.view(B, S, H, D), k.view(B, S, Hk, D), v.view(B, S, Hk, D)
-    if qn is not None:
-        q, k = _rms(q, qn, eps), _rms(k, kn, eps)
-    q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-    return q, _cache_format(k, ks, kv_fp8), _cache_format(v, vs, kv_fp8), k, v
-
-
-def _cache_format(t, scale, kv_fp8: bool):  # (B, S, Hk, D) -> (B, Hk, S, D), FP8 with (B, Hk) scales
-    t = t.transpose(1, 2)
-    if not kv_fp8:
-        return t
-    return (t.float() / scale[:, :, None, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-
-
-def _silu_mul(gu, fp8: bool):
-    g, u = gu.chunk(2, dim=-1)
-    a = F.silu(g) * u
-    return fp8_rows(a) if fp8 else a
-
-
-def _quant(a, fp8: bool):
-    return fp8_rows(a) if fp8 else a
-
-
-def _sample(logits, seeds, t, params: SamplingParams):
-    """(B, V) logits -> sampled ids and their processed log-probs (counter-based uniforms, or argmax)."""
-    logp = process_logits(logits, params)  # (B, V) FP32
-    tok = logp.argmax(-1) if params.greedy else inverse_cdf(logp, counter_uniform(seeds, t))
-    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
-
-
-class _Compiled:
-    """A stage under torch.compile that falls back to eager PyTorch (same results, more kernels) if compiling it
-    fails; `failure` then says why (benchmarks report it)."""
-
-    def __init__(self, fn):
-        import torch._dynamo
-
-        # each engine (quantisation, batch, sampling settings) adds specialisations of the same few functions;
-        # past the default limit of 8 dynamo would silently run them eagerly
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
-        torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, 2048)
-        self.fn, self.compiled, self.failure = fn, torch.compile(fn, dynamic=False), None
-
-    def __call__(self, *args):
-        if self.failure is None:
-            try:
-                return self.compiled(*args)
-            except Exception as e:
-                if not type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):
-                    raise  # not a compiler failure (out of memory, a shape error): the caller must see it
-                self.failure = f"{type(e).__name__}: {str(e)[:300]}"
-                warnings.warn(f"aisrl.engine: torch.compile failed on {self.fn.__name__}, running it eagerly: "
-                              f"{self.failure}", stacklevel=2)  # fmt: skip
-        return self.fn(*args)
-
-
-STAGES = {"add_norm": _add_norm, "qkv": _qkv_split, "silu_mul": _silu_mul, "quant": _quant, "sample": _sample}
-
-
-def _mix32(x):  # an integer hash of 32-bit values held in int64 (low 32 bits of each product kept)
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x846CA68B) & _M32
-    return x ^ (x >> 16)
-
-
-def counter_uniform(seeds: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """(B,) int64 seeds and a step counter -> (B,) FP32 uniforms in (0, 1), identical on every device."""
-    h = _mix32((seeds & _M32) ^ _mix32(((seeds >> 32) & _M32) ^ _mix32(t & _M32)))
-    return ((h >> 8).float() + 0.5) / 2.0**24
 
 
 @dataclass
@@ -273,7 +126,7 @@ class Engine:
         self.use_kernel = self.device.type == "cuda" and triton_available() and kernel_supports(self.D)
         if compile is None:
             compile = self.device.type == "cuda" and triton_available()  # inductor needs Triton on CUDA
-        self._fused = {k: _Compiled(f) for k, f in STAGES.items()} if compile else STAGES
+        self._fused = {k: CompiledStage(f) for k, f in STAGES.items()} if compile else STAGES
         self.eps, self.sm_scale = cfg.rms_norm_eps, self.D**-0.5
         self.pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else 0
         self.eos_id = cfg.eos_token_id
@@ -384,7 +237,7 @@ class Engine:
                 st.k[i][:, :, :S], st.v[i][:, :, :S] = kq, vq
                 kd = kq.to(self.dtype) * st.ks[i][:, :, None, None].to(self.dtype)  # attend to what was stored
                 vd = vq.to(self.dtype) * st.vs[i][:, :, None, None].to(self.dtype)
-                a = _prefill_attention(q, kd, vd, valid, self.sm_scale)
+                a = prefill_attention(q, kd, vd, valid, self.sm_scale)
             delta = layer["o"](f["quant"](a.reshape(B * S, H * D), fp8)).view(B, S, -1)
             x, h = f["add_norm"](x, delta, self.small[n + "post_attention_layernorm.weight"], eps, fp8)
             delta = layer["down"](f["silu_mul"](layer["gate_up"](h), fp8)).view(B, S, -1)
@@ -513,17 +366,6 @@ class Engine:
         ids, pmask = ids.to(self.device), pmask.to(self.device)
         h = self._layers(self.small["embed"][ids], _positions(pmask), st, valid=pmask)
         return self.head(h.view(len(prompts), ids.shape[1], -1)[:, -1]).float()
-
-
-def _prefill_attention(q, k, v, valid, sm_scale):
-    """q (B, S, H, D), k/v (B, Hk, S, D): causal attention over valid keys (a padding query sees itself)."""
-    B, S, H, _ = q.shape
-    G = H // k.shape[1]
-    k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
-    causal = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
-    mask = (causal[None] & valid[:, None, :]) | torch.eye(S, dtype=torch.bool, device=q.device)[None]  # (B, S, S)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[:, None], scale=sm_scale)
-    return out.transpose(1, 2)  # (B, S, H, D)
 
 
 def _bytes(t):

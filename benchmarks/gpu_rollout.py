@@ -85,7 +85,7 @@ def floor_ms(model, variant: str, batch: int, prompt: int, new: int, bw: float) 
 
 def gemm(log, M=64):
     """Microseconds per GEMM of the Qwen3-8B decode shapes at M rows: BF16, and FP8 rowwise in both layouts."""
-    from aisrl import engine as E
+    from aisrl import engine_ops as E
 
     rows = []
     for name, (n, k) in {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),

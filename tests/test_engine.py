@@ -6,7 +6,8 @@ import copy
 import pytest
 import torch
 
-from aisrl.engine import Engine, Linear, counter_uniform
+from aisrl.engine import Engine
+from aisrl.engine_ops import Linear, counter_uniform
 from aisrl.kernels import decode_attention, decode_attention_ref, kernel_supports
 from aisrl.models import tiny_model
 from aisrl.quant import FakeQuantLinear, quant_config, quantize_
