@@ -2,6 +2,7 @@
 
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 from conftest import TINY_LAB
@@ -140,3 +141,34 @@ def test_recipes_become_training_overrides():
     for run in (qarl, solrl, ais):  # every recipe is a valid training config
         c = load_config("lab", run.overrides(cfg))
         assert c.rollout.quant == "mxfp4_w4a4" and c.seed == 1
+
+
+def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch):
+    import importlib.util
+
+    script = Path(__file__).parent.parent / "benchmarks/paired_seeds.py"
+    spec = importlib.util.spec_from_file_location("paired_seeds", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "ROOT", tmp_path)
+
+    def run(d, kind, seed, rewards):
+        p = tmp_path / d / kind / f"seed{seed}"
+        p.mkdir(parents=True)
+        rows = [json.dumps({"step": i + 1, "reward": r}) + "\n" for i, r in enumerate(rewards)]
+        (p / "metrics.jsonl").write_text("".join(rows))
+
+    # 10 steps: the last fifth is the last 2; seed 1 lives in a second directory; seed 2's tis run is unfinished
+    for seed, base in ((0, 0.5), (1, 0.6), (2, 0.7)):
+        run("a" if seed == 0 else "b", "reference", seed, [0.0] * 8 + [base, base])
+        run("a" if seed == 0 else "b", "fmt/none", seed, [0.0] * 8 + [base - 0.1, base - 0.1])
+    run("a", "fmt/tis", 0, [0.0] * 8 + [0.45, 0.47])
+    run("b", "fmt/tis", 1, [0.0] * 8 + [0.6, 0.6])
+    run("b", "fmt/tis", 2, [0.0] * 5)
+    out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["none", "tis"], steps=10)
+    none, tis = out["vs_full_precision"]["none"], out["vs_full_precision"]["tis"]
+    assert none["seeds"] == [0, 1, 2] and abs(none["mean"] + 0.1) < 1e-12 and none["std"] < 1e-12
+    assert tis["seeds"] == [0, 1] and abs(tis["mean"] - (-0.04 + 0.0) / 2) < 1e-12
+    pair = out["pairs"]["tis-none"]
+    assert pair["seeds"] == [0, 1] and abs(pair["mean"] - 0.08) < 1e-12 and pair["positive"] == 2
+    assert (tmp_path / "benchmarks/results/paired_fmt.json").exists()
