@@ -58,8 +58,8 @@ class _State:
     eos: torch.Tensor  # (E,) int64 EOS ids, padded with -1
     done: torch.Tensor  # (B,) bool
     lengths: torch.Tensor  # (B,) int64
-    out_ids: torch.Tensor  # (B, T)
-    out_logp: torch.Tensor  # (B, T) FP32
+    out_ids: torch.Tensor  # (B, max_len) sampled ids, step t in column t
+    out_logp: torch.Tensor  # (B, max_len) FP32
 
 
 def engine_quant(quant: str | QuantConfig | None) -> QuantConfig | None:
