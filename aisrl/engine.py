@@ -34,6 +34,7 @@ import torch
 
 from aisrl.engine_ops import E4M3_MAX, STAGES, CompiledStage, Linear, prefill_attention
 from aisrl.kernels import decode_attention, kernel_supports, triton_available
+from aisrl.lora import merged_state
 from aisrl.quant import QuantConfig, quant_config
 from aisrl.rollout import Rollout, SamplingParams, _positions, device_of, left_pad
 
@@ -114,7 +115,7 @@ class Engine:
 
     def __init__(self, model, quant: str | QuantConfig | None = None, *, max_len: int = 2048,
                  device=None, dtype=None, cuda_graphs: bool = True, compile: bool | None = None):  # fmt: skip
-        cfg, qc, state = model.config, engine_quant(quant), _state_of(model)
+        cfg, qc, state = model.config, engine_quant(quant), merged_state(model)
         prefix = "model." if "model.embed_tokens.weight" in state else ""
         _check_model(cfg, state, prefix, max_len)
         self.device = torch.device(device) if device is not None else device_of(model)
@@ -202,7 +203,7 @@ class Engine:
     def sync(self, trainer) -> float:
         """Load the trainer's current weights (a module or a {name: tensor} state); returns the seconds taken."""
         t0 = time.perf_counter()
-        self.load(trainer if isinstance(trainer, dict) else _state_of(trainer))
+        self.load(trainer if isinstance(trainer, dict) else merged_state(trainer))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0
@@ -370,7 +371,3 @@ class Engine:
 
 def _bytes(t):
     return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
-
-
-def _state_of(model) -> dict:
-    return dict(model.named_parameters()) | dict(model.named_buffers())

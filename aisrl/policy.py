@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from aisrl.engine import Engine
 from aisrl.rollout import Rollout, SamplingParams, generate, logprobs
 
 
@@ -28,7 +29,7 @@ class CausalPolicy:
     tokenizer: object = None
 
     def sample(self, model, prompts: list[list[int]], seeds: list[int], step: int, kv_fp8: bool = False) -> Rollout:
-        if hasattr(model, "generate") and not isinstance(model, torch.nn.Module):  # aisrl.engine.Engine
+        if isinstance(model, Engine):  # the static-cache engine samples by itself
             return model.generate(prompts, self.params, seeds=seeds, pad_id=self.pad_id, eos_id=self.eos_id)
         return generate(model, prompts, self.params, seeds=seeds, tokenizer=self.tokenizer, pad_id=self.pad_id,
                         eos_id=self.eos_id, kv_cache_fp8=kv_fp8)  # fmt: skip

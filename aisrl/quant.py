@@ -28,6 +28,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from aisrl.lora import merged_state
+
 # (exponent bits, mantissa bits, exponent bias, largest finite value)
 FLOAT_FORMATS = {
     "e4m3": (4, 3, 7, 448.0),
@@ -239,10 +241,8 @@ def sync_weights(trainer: nn.Module | dict[str, torch.Tensor], rollout: nn.Modul
     """Copy the trainer's current weights (a module, or a {name: tensor} state such as LoRA-merged weights)
     into the rollout copy, re-quantising quantised layers. Returns the seconds it took (the "weight
     sync" cost of every RL step)."""
-    if hasattr(rollout, "sync") and not isinstance(rollout, nn.Module):  # aisrl.engine.Engine re-quantises itself
-        return rollout.sync(trainer)
     t0 = time.perf_counter()
-    src = trainer if isinstance(trainer, dict) else dict(trainer.named_parameters()) | dict(trainer.named_buffers())
+    src = trainer if isinstance(trainer, dict) else merged_state(trainer)
     for name, mod in rollout.named_modules():
         if isinstance(mod, FakeQuantLinear):
             key = f"{name}.weight"

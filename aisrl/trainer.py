@@ -4,7 +4,7 @@ One step:
     prompts -> G rollouts each from the quantised copy (rollout_logp from the processed distribution)
     -> rewards -> group advantages -> old_logp recomputed at training precision (or bypass)
     -> correction weights (aisrl.correction) -> mu epochs of grpo_loss over micro-batches
-    -> optimizer step -> sync_weights (re-quantise the trainer into the rollout copy)
+    -> optimizer step -> weight sync (re-quantise the trainer into the rollout copy or engine)
 
 Everything random in a step is derived from (seed, step): the prompts and every request's sampling
 seed. So a run resumed from a checkpoint continues exactly as an uninterrupted run would.
@@ -235,7 +235,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
     model, tok, task, encode = build(cfg)
     torch.manual_seed(cfg.seed)  # after build: the same state whether or not the lab model came from the cache
     model.to(device).train()
-    rollout = _rollout_model(cfg, model, device, task, encode)
+    rollout, sync = _rollout_model(cfg, model, device, task, encode)
     kv_fp8 = getattr(getattr(rollout, "quant_config", None), "kv_cache", False)
     ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 and cfg.lora.r == 0 else None
     if cfg.rollout.align:  # QaRL: the trainer computes in the rollout format, gradients reach FP32 weights
@@ -265,7 +265,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         state = load_checkpoint(ckpt, model, opt)
         start, prev_alpha = state["step"], state["extra"].get("prev_alpha")
         sched.last_epoch = start  # the optimizer's restored lr is already the one for step start + 1
-        sync_weights(merged_state(model), rollout)
+        sync(merged_state(model))
         log(f"resumed from {ckpt} at step {start}")
     metrics_path = out / "metrics.jsonl"
     if rank == 0:
@@ -325,7 +325,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         sched.step()
         t["time_train"] = time.perf_counter() - t0
         # 5. weight sync into the rollout copy
-        t["time_sync"] = sync_weights(merged_state(model), rollout)
+        t["time_sync"] = sync(merged_state(model))
         prev_alpha = res.metrics["alpha"].item() if "alpha" in res.metrics else None
         row = {"step": step, **row, "reward": reward_sum / n_samples, "accuracy": n_correct / n_samples,
                "alpha": prev_alpha, **res.metrics, **loss_metrics, **t}  # fmt: skip
@@ -344,19 +344,21 @@ def train(cfg: TrainConfig, log=print) -> dict:
 
 
 def _rollout_model(cfg: TrainConfig, model, device, task, encode):
-    """The low-precision copy that samples: a fake-quantised Hugging Face model, or the static-cache engine (sized
-    for the longest prompt of the task's splits)."""
+    """(rollout, sync): the low-precision copy that samples - a fake-quantised Hugging Face model, or the
+    static-cache engine sized for the longest prompt of the task's splits - and the function that loads the
+    trainer's weights into it, returning the seconds it took."""
     if cfg.rollout.engine == "static":
         from aisrl.engine import Engine
 
         prompts = task.problems("train", cfg.train_problems, seed=cfg.seed) + task.problems(
             "test", cfg.eval_problems, seed=cfg.seed + 1)  # fmt: skip
         width = max(len(encode(p)) for p in prompts)
-        return Engine(model, cfg.rollout.quant, max_len=width + cfg.rollout.max_new_tokens, device=device)
+        engine = Engine(model, cfg.rollout.quant, max_len=width + cfg.rollout.max_new_tokens, device=device)
+        return engine, engine.sync
     rollout = copy.deepcopy(model).eval()
     if cfg.rollout.quant != "none":
         quantize_(rollout, quant_config(cfg.rollout.quant))
-    return rollout
+    return rollout, functools.partial(sync_weights, rollout=rollout)
 
 
 def _score_at(policy, model, rows, step, precision="fp32"):
