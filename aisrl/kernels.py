@@ -21,23 +21,21 @@ import functools
 import math
 
 import torch
+import torch.nn.functional as F
 
 
 def decode_attention_ref(q, k_cache, v_cache, k_scale, v_scale, start, end, width: int, sm_scale: float):
     """q (B, H, D); caches (B, Hk, S, D) of any float dtype; scales (B, Hk) FP32 (per request and kv head);
     start/end (B,) int; attends to slots [start_b, end_b) within the first `width` slots. Returns (B, H, D) in
-    q's dtype."""
+    q's dtype. The scales act on q and on the output, as in the kernel, so an FP32 cache is read in place."""
     B, H, D = q.shape
     Hk = k_cache.shape[1]
-    k = k_cache[:, :, :width].float() * k_scale.view(B, Hk, 1, 1)  # (B, Hk, W, D)
-    v = v_cache[:, :, :width].float() * v_scale.view(B, Hk, 1, 1)
-    qg = q.float().view(B, Hk, H // Hk, D)  # query heads grouped by the kv head they read
-    scores = torch.einsum("bkgd,bksd->bkgs", qg, k) * sm_scale  # (B, Hk, G, W)
+    k, v = k_cache[:, :, :width].float(), v_cache[:, :, :width].float()  # (B, Hk, W, D); FP32: views, no copy
+    qg = q.float().view(B, Hk, H // Hk, D) * k_scale.view(B, Hk, 1, 1)  # query heads grouped by the kv head they read
     slots = torch.arange(width, device=q.device)
     valid = (slots[None] >= start[:, None]) & (slots[None] < end[:, None])  # (B, W)
-    scores = scores.masked_fill(~valid[:, None, None], -torch.inf)
-    out = torch.einsum("bkgs,bksd->bkgd", scores.softmax(-1), v)
-    return out.reshape(B, H, D).to(q.dtype)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=valid[:, None, None], scale=sm_scale)  # (B, Hk, G, D)
+    return (out * v_scale.view(B, Hk, 1, 1)).reshape(B, H, D).to(q.dtype)
 
 
 @functools.cache

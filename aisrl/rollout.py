@@ -65,7 +65,7 @@ class Rollout:
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """(..., V) logits -> (..., V) FP32 log-probs of the processed sampling distribution."""
-    x = logits.float() / params.temperature
+    x = logits.float() if params.temperature == 1.0 else logits.float() / params.temperature
     if params.top_k and params.top_k < x.shape[-1]:
         kth = x.topk(params.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, -torch.inf)
@@ -81,13 +81,17 @@ def inverse_cdf(logp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """(B, V) processed log-probs and (B,) uniforms in (0, 1) -> (B,) sampled ids: the first token whose
     cumulative probability reaches u (a zero-probability token is never returned)."""
     cdf = _cumsum(logp.exp())  # (B, V), non-decreasing: the count of entries below the target is the first index
-    tok = (cdf < (u * cdf[:, -1])[:, None]).sum(-1).clamp(max=cdf.shape[-1] - 1)  # reaching it (a fusable search)
+    target = (u * cdf[:, -1])[:, None]  # (B, 1)
+    # reaching it: on CUDA a fusable count that graphs capture; on the CPU the same index by binary search (its
+    # cumsum accumulates in FP64, so cdf is exactly monotone there)
+    tok = (cdf < target).sum(-1) if cdf.is_cuda else torch.searchsorted(cdf, target).squeeze(-1)
+    tok = tok.clamp(max=cdf.shape[-1] - 1)
     return torch.where(torch.isfinite(logp.gather(-1, tok[:, None]).squeeze(-1)), tok, logp.argmax(-1))
 
 
 @torch.compiler.disable  # inductor (torch 2.11, CUDA) fails to generate a 150k-wide scan: keep it one eager kernel
 def _cumsum(x: torch.Tensor) -> torch.Tensor:
-    return x.cumsum(-1)
+    return x.cumsum_(-1)  # in place on a temporary: one (B, V) buffer fewer to allocate every step
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

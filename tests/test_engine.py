@@ -90,6 +90,17 @@ def test_fp8_linear_is_the_fake_quant_layer():
         torch.testing.assert_close(ours(x), FakeQuantLinear(lin, cfg)(x), atol=1e-5, rtol=1e-5)
 
 
+def test_full_precision_linear_matches_nn_linear_and_reloads():
+    torch.manual_seed(0)
+    lin, other = torch.nn.Linear(64, 48), torch.nn.Linear(64, 48)
+    ours = Linear(48, 64, True, None, torch.float32, "cpu")
+    for ref in (lin, other):  # a second load (a weight sync) must replace the prepacked copy too
+        ours.load([ref.weight.detach()], [ref.bias.detach()])
+        for rows in (1, 5, 64, 700):  # decode sizes (oneDNN's prepacked weights where available) and prefill sizes
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(ours(x), ref(x), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["tiny-qwen2", "tiny-qwen3"])
 def test_fp8_engine_matches_fake_quant_model(name):
     model = tiny_model(name)
