@@ -7,8 +7,8 @@ step, so it can be compiled, tested and read apart from the engine's bookkeeping
     quantised per output channel (or per tensor) at every sync, activations per token at run time, and
     y = (q_x q_w^T) * s_x s_w^T accumulates in FP32 (`torch._scaled_mm` on CUDA; the same sum on the CPU).
     These are the numerics of aisrl.quant's fake-quant `fp8_e4m3_w8a8` (DeepSeek-V3; FP8-RL). Full-precision
-    FP32 weights on the CPU are also kept prepacked in oneDNN's blocked layout: at decode sizes (a few dozen
-    rows) its GEMMs run 10-40% faster than MKL's on plain weights (BENCHMARKS.md section 4).
+    and FP8 weights on the CPU are also kept, as FP32 values, prepacked in oneDNN's blocked layout: at decode
+    sizes (a few dozen rows) its GEMMs run 10-40% faster than MKL's on plain weights (BENCHMARKS.md section 4).
   - The stages between GEMMs (residual add + RMSNorm + activation quantisation; QKV split + q/k norm + rotary
     + KV-cache format; SiLU-gate + quantisation; sampling). On CUDA `CompiledStage` fuses each into one or two
     kernels. Eager PyTorch launches ~60 kernels per layer, which costs more than the FP8 GEMMs save.
@@ -56,15 +56,16 @@ class Linear:
             self.w.copy_(torch.cat(weights))
         if self.b is not None:
             self.b.copy_(torch.cat(biases))
-        if not self.fp8 and self.w.device.type == "cpu" and self.w.dtype == torch.float32 and _ONEDNN:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, _PACK_ROWS)
+        if self.w.device.type == "cpu" and (self.fp8 or self.w.dtype == torch.float32) and _ONEDNN:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w.float(), _PACK_ROWS)  # FP8 values: exact
 
     def __call__(self, x) -> torch.Tensor:  # (M, n_in), or its FP8 rows and scales -> (M, n_out)
-        if self.fp8:
-            xq, sx = x if isinstance(x, tuple) else fp8_rows(x)
+        xq, sx = (x if isinstance(x, tuple) else fp8_rows(x)) if self.fp8 else (x, None)
+        if self.packed is not None and xq.shape[0] <= _PACKED_MAX_ROWS:  # CPU decode sizes
+            y = torch.ops.mkldnn._linear_pointwise(xq.float(), self.packed, None, "none", [], "")
+            y = y if sx is None else y * sx * self.s  # the FP8 scales, outside the FP32 sum as in _fp8_mm
+        elif self.fp8:
             y = _fp8_mm(xq, sx, self.w, self.s, _OUT_DTYPE[xq.device.type])
-        elif self.packed is not None and x.shape[0] <= _PACKED_MAX_ROWS:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")
         else:
             y = x @ self.w.t()
         return y if self.b is None else y + self.b

@@ -22,6 +22,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from aisrl.quant import fp8_kv, kv_scales
 
@@ -220,6 +221,20 @@ def _hit_stop(tokenizer, out_ids, lengths, stops) -> torch.Tensor:
     return hit
 
 
+def _ends(completion_mask: torch.Tensor) -> torch.Tensor:
+    """(B,) one past each row's last completion token (0 for a row without any)."""
+    B, T = completion_mask.shape
+    if T == 0:
+        return torch.zeros(B, dtype=torch.long, device=completion_mask.device)
+    return (completion_mask * torch.arange(1, T + 1, device=completion_mask.device)).amax(1)
+
+
+def length_order(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """(B,) row order by completion extent, then prompt length: consecutive micro-batches of it hold rows of
+    similar length, so cutting each to its own width (as `logprobs` does) drops the most padding."""
+    return torch.argsort(_ends(completion_mask) * (prompt_mask.shape[1] + 1) + prompt_mask.sum(1), stable=True)
+
+
 def logprobs(
     model,
     prompt_ids: torch.Tensor,
@@ -233,25 +248,32 @@ def logprobs(
 ) -> torch.Tensor:
     """(B, T) log-probs of the completion tokens under `model` and the sampling processing of `params`.
 
-    Runs the transformer body on micro-batches and applies the output head to `chunk` positions at a
-    time. Differentiable when called with grad enabled (the trainer path); 0 where completion_mask is False.
+    Runs the transformer body on micro-batches of rows of similar length (`length_order`), each cut to its own
+    width: prompt columns before its first token and completion columns after its last one hold no token, so
+    dropping them changes no result. Applies the output head to `chunk` positions at a time. Differentiable when
+    called with grad enabled (the trainer path); 0 where completion_mask is False.
     """
     params = params or SamplingParams()
     body, head = model.get_decoder(), model.get_output_embeddings()
     device = device_of(model)
-    P = prompt_ids.shape[1]
-    out = []
-    for s in range(0, prompt_ids.shape[0], micro_batch):
-        sl = slice(s, s + micro_batch)
-        ids = torch.cat([prompt_ids[sl], completion_ids[sl]], dim=1).to(device)
-        mask = torch.cat([prompt_mask[sl], completion_mask[sl]], dim=1).to(device)
+    (B, P), T = prompt_ids.shape, completion_ids.shape[1]
+    if T == 0:
+        return torch.zeros(B, 0, device=completion_mask.device)
+    order, ends = length_order(prompt_mask, completion_mask), _ends(completion_mask)
+    parts = []
+    for s in range(0, B, micro_batch):
+        idx = order[s : s + micro_batch]
+        a = min(int(prompt_mask[idx].any(0).int().argmax()), P - 1)  # first column with a token; keep column P - 1
+        t = max(1, int(ends[idx].max()))  # at least one column, so a batch without tokens still has a graph
+        ids = torch.cat([prompt_ids[idx, a:], completion_ids[idx, :t]], dim=1).to(device)
+        mask = torch.cat([prompt_mask[idx, a:], completion_mask[idx, :t]], dim=1).to(device)
         hidden = body(input_ids=ids, attention_mask=mask.long(), position_ids=_positions(mask)).last_hidden_state
-        hidden = hidden[:, P - 1 : -1]  # (b, T, H): the state that predicts each completion token
+        hidden = hidden[:, P - a - 1 : -1]  # (b, t, H): the state that predicts each completion token
         rows = []
-        for c in range(0, hidden.shape[1], chunk):
+        for c in range(0, t, chunk):
             lp = process_logits(head(hidden[:, c : c + chunk]).float(), params)  # (b, c, V) FP32 under autocast
-            tgt = completion_ids[sl, c : c + chunk].to(device)
+            tgt = completion_ids[idx, c : min(c + chunk, t)].to(device)
             rows.append(lp.gather(-1, tgt[..., None]).squeeze(-1))  # (b, c)
-        out.append(torch.cat(rows, dim=1))
-    lp = torch.cat(out, dim=0).to(completion_mask.device)
+        parts.append(F.pad(torch.cat(rows, dim=1), (0, T - t)))  # (b, T)
+    lp = torch.cat(parts)[torch.argsort(order)].to(completion_mask.device)  # back to the callers' row order
     return torch.where(completion_mask, lp, torch.zeros((), dtype=lp.dtype, device=lp.device))

@@ -31,7 +31,7 @@ from aisrl.losses import AGGREGATIONS, LOSSES, group_advantages
 from aisrl.policy import CausalPolicy, DiffusionPolicy
 from aisrl.qarl import align_, error_tokens, set_alignment
 from aisrl.quant import quant_config, quantize_, sync_weights
-from aisrl.rollout import SamplingParams, device_of
+from aisrl.rollout import SamplingParams, device_of, length_order
 from aisrl.solrl import select_extremes
 from aisrl.tracking import Tracker
 from aisrl.train_config import TrainConfig
@@ -292,10 +292,11 @@ def train(cfg: TrainConfig, log=print) -> dict:
         # 2. rewards and group advantages
         scored = [task.reward(x, p) for x, p in zip(completion_texts(tok, r), problems, strict=True)]
         rewards = torch.tensor([s[0] for s in scored])
-        reward_sum, n_correct, n_samples = all_sum(
+        reward_sum, n_correct, n_samples, n_tokens = all_sum(
             rewards.sum().double(),
             torch.tensor(sum(s[1] for s in scored), dtype=torch.float64),
             torch.tensor(len(scored), dtype=torch.float64),
+            r.completion_mask.sum().double(),
         )
         if K != G:  # Sol-RL: keep each prompt's extremes
             keep = select_extremes(rewards, K, G)
@@ -328,7 +329,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
         t["time_sync"] = sync(merged_state(model))
         prev_alpha = res.metrics["alpha"].item() if "alpha" in res.metrics else None
         row = {"step": step, **row, "reward": reward_sum / n_samples, "accuracy": n_correct / n_samples,
-               "alpha": prev_alpha, **res.metrics, **loss_metrics, **t}  # fmt: skip
+               "completion_len": n_tokens / n_samples, "alpha": prev_alpha, **res.metrics, **loss_metrics,
+               **t}  # fmt: skip
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             row.update(evaluations())
         if rank == 0:
@@ -398,10 +400,11 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, score) -> dict:
     acc: dict[str, float] = {}
     agg = "seq-mean" if cfg.loss == "tbpo" else cfg.agg
     dual_clip = cfg.dual_clip or (3.0 if cfg.loss == "tbpo" else None)
+    order = length_order(r.prompt_mask, r.completion_mask)  # micro-batches of similar lengths carry least padding
     for _ in range(cfg.epochs):
         opt.zero_grad()
         for s in range(0, n, cfg.micro_batch):
-            sl = slice(s, s + cfg.micro_batch)
+            sl = order[s : s + cfg.micro_batch]
             rows = r.select(sl)
             logp = score(model, rows)
             ref_logp = None

@@ -10,11 +10,14 @@ CPU. Variants, all in one process, one after the other:
 - `aisrl fp32`: our trainer with full-precision rollouts, no correction, old log-probs recomputed;
 - `aisrl fp32 bypass`: the same with `correction.bypass=true` (the engine's log-probs serve as old log-probs:
   the work TRL does);
-- `aisrl fp8 + ais`: the preset as shipped (fake-quantised FP8 W8A8 rollouts, AIS).
-Mean seconds per optimizer step over `steps` steps (each step generates its own batch). Writes
-benchmarks/results/trl_step_time.json and the `trl_step_time` section of BENCHMARKS.md.
+- `aisrl fp8 + ais`: the preset as shipped (FP8 W8A8 rollouts, AIS).
+Ours sample with the preset's static-cache engine (`rollout.engine=static`) and score micro-batches of rows
+of similar length cut to their own width (`aisrl.rollout.length_order`). Mean seconds per optimizer step over
+`steps` steps (each step generates its own batch, so completion lengths differ between trainers: the table
+lists them). Writes benchmarks/results/trl_step_time.json and the `trl_step_time` section of BENCHMARKS.md.
 """
 
+import json
 import os
 import shutil
 import sys
@@ -55,6 +58,14 @@ def run_trl(steps: int) -> list[float]:
         return [task.reward(t, by_question[q])[0] for t, q in zip(texts, question, strict=True)]
 
     timer, times = step_timer()
+    from transformers import TrainerCallback
+
+    class Lengths(TrainerCallback):  # TRL logs each step's mean completion length
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                lengths.append(logs["completions/mean_length"])
+
+    lengths: list[float] = []
 
     n = cfg.prompts_per_step * cfg.group_size
     args = GRPOConfig(output_dir="/tmp/aisrl_trl_step", use_cpu=True, bf16=False, gradient_checkpointing=False,
@@ -64,8 +75,8 @@ def run_trl(steps: int) -> list[float]:
                       logging_steps=1, report_to="none", save_strategy="no", seed=0, disable_tqdm=True,
                       shuffle_dataset=False)  # fmt: skip
     GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok,
-                callbacks=[timer]).train()  # fmt: skip
-    return times
+                callbacks=[timer, Lengths()]).train()  # fmt: skip
+    return times, lengths
 
 
 def run_ours(name: str, steps: int) -> dict:
@@ -75,25 +86,29 @@ def run_ours(name: str, steps: int) -> dict:
     out = ROOT / f"runs/trl_step_time/{name.replace(' ', '_').replace('+', 'plus')}"
     shutil.rmtree(out, ignore_errors=True)
     cfg = load_config(PRESET, [*SHARED, *OURS[name], f"max_steps={steps}", f"output_dir={out}"])
-    return train(cfg, log=lambda _: None)["seconds_per_step"]
+    seconds = train(cfg, log=lambda _: None)["seconds_per_step"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return seconds, [row["completion_len"] for row in rows]
 
 
 def main(steps: int = 2):
     phases = ["time_rollout", "time_sync", "time_logprob", "time_correction", "time_train"]
-    trl_times = run_trl(steps)
-    res = {"trl": {"step": sum(trl_times) / len(trl_times), "steps": trl_times}}
+    trl_times, trl_lengths = run_trl(steps)
+    res = {"trl": {"step": sum(trl_times) / len(trl_times), "steps": trl_times, "completion_len": trl_lengths}}
     for name in OURS:
-        sec = run_ours(name, steps)
-        res[name] = {"step": sum(sec[p] for p in phases), **{p[5:]: sec[p] for p in phases}}
+        sec, lengths = run_ours(name, steps)
+        res[name] = {"step": sum(sec[p] for p in phases), **{p[5:]: sec[p] for p in phases}, "completion_len": lengths}
     base = res["trl"]["step"]
     for name, r in res.items():
         print(f"{name:>18}: {r['step']:.1f} s/step ({r['step'] / base:.2f}x TRL)")
     m = machine()
     write_json(ROOT / "benchmarks/results/trl_step_time.json", {"steps": steps, "machine": m, "results": res})
-    lines = ["| trainer | s/step | vs TRL | rollout | log-prob recompute | train |", "|---|---|---|---|---|---|"]
+    lines = ["| trainer | s/step | vs TRL | rollout | log-prob recompute | train | mean completion tokens per step |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, r in res.items():
         split = " | ".join(f"{r[k]:.1f}" if k in r else "-" for k in ("rollout", "logprob", "train"))
-        lines.append(f"| {name} | {r['step']:.1f} | {r['step'] / base:.2f}x | {split} |")
+        lens = ", ".join(f"{x:.1f}" for x in r["completion_len"])
+        lines.append(f"| {name} | {r['step']:.1f} | {r['step'] / base:.2f}x | {split} | {lens} |")
     body = (f"Command: `python benchmarks/trl_step_time.py {steps}`  \nMachine: {m['processor']}, {m['cpus']} CPUs, "
             f"torch {m['torch']}. SmolLM2-135M-Instruct FP32, 8 prompts x 8 completions, <= 96 new tokens, "
             f"micro-batch 16; mean of {steps} optimizer steps per trainer.\n\n" + "\n".join(lines))  # fmt: skip

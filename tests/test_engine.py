@@ -81,13 +81,14 @@ def test_eos_ends_rows_and_masks_the_rest():
 def test_fp8_linear_is_the_fake_quant_layer():
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 48)
-    x = torch.randn(5, 64) * 3
     for preset in ("fp8_e4m3_w8a8", "fp8_e4m3_tensor_w8a8"):
         cfg = quant_config(preset)
         ours = Linear(48, 64, True, cfg.granularity, torch.float32, "cpu")
         ours.load([lin.weight.detach()], [lin.bias.detach()])
         assert ours.w.dtype == torch.float8_e4m3fn
-        torch.testing.assert_close(ours(x), FakeQuantLinear(lin, cfg)(x), atol=1e-5, rtol=1e-5)
+        for rows in (5, 700):  # decode sizes (prepacked FP32 copies of the FP8 values) and prefill sizes
+            x = torch.randn(rows, 64) * 3
+            torch.testing.assert_close(ours(x), FakeQuantLinear(lin, cfg)(x), atol=1e-5, rtol=1e-5)
 
 
 def test_full_precision_linear_matches_nn_linear_and_reloads():

@@ -8,7 +8,7 @@ import torch
 from aisrl.correction import correct
 from aisrl.models import tiny_model
 from aisrl.quant import quant_config, quantize_
-from aisrl.rollout import SamplingParams, generate, inverse_cdf, left_pad, logprobs, process_logits
+from aisrl.rollout import SamplingParams, generate, inverse_cdf, left_pad, length_order, logprobs, process_logits
 
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 3, 4, 5, 6, 7, 8, 10, 11]]
 
@@ -95,6 +95,28 @@ def test_seeds_make_requests_reproducible_and_independent(model):
     assert torch.equal(alone.completion_ids[0, :n], a.completion_ids[1, :n])  # batch-mates don't matter
     c = generate(model, PROMPTS, p, seeds=[70, 80, 90])
     assert not torch.equal(a.completion_ids, c.completion_ids)
+
+
+def test_logprobs_of_ragged_rows_equal_unpadded_forwards(model):
+    """Rows sorted into micro-batches and cut to their width score as each row alone, unpadded, in the caller's
+    order; a row without completion tokens scores 0 and the result stays differentiable."""
+    g = torch.Generator().manual_seed(0)
+    prompts, ends = [[1, 5, 6, 7], [1, 9], [1, 3, 4, 5, 6, 7, 8, 10, 11], [1, 2], [1, 4, 4]], [6, 1, 3, 0, 6]
+    ids, pmask = left_pad(prompts, pad_id=0)
+    comp = torch.randint(3, 60, (5, 6), generator=g)
+    cmask = torch.arange(6)[None] < torch.tensor(ends)[:, None]
+    assert length_order(pmask, cmask).tolist() == [3, 1, 2, 4, 0]  # by completion extent, then prompt length
+    params = SamplingParams(temperature=0.8, top_k=30)
+    lp = logprobs(model, ids, pmask, comp, cmask, params, micro_batch=2, chunk=4)
+    for i, (p, n) in enumerate(zip(prompts, ends, strict=True)):
+        seq = torch.tensor([p + comp[i, :n].tolist()])
+        with torch.no_grad():
+            ref = process_logits(model(seq).logits[0, len(p) - 1 : -1], params)  # (n, V)
+        expect = ref.gather(-1, comp[i, :n, None]).squeeze(-1)
+        torch.testing.assert_close(lp[i, :n], expect, atol=1e-5, rtol=0)
+        assert (lp[i, n:] == 0).all()
+    empty = logprobs(model, ids, pmask, comp, torch.zeros_like(cmask), micro_batch=2)
+    assert (empty == 0).all() and empty.requires_grad
 
 
 def test_left_padding_and_errors(model):
