@@ -6,9 +6,11 @@ step, so it can be compiled, tested and read apart from the engine's bookkeeping
   - `Linear`: one or several fused nn.Linear weights, full precision or FP8 E4M3 W8A8. FP8 weights are
     quantised per output channel (or per tensor) at every sync, activations per token at run time, and
     y = (q_x q_w^T) * s_x s_w^T accumulates in FP32 (`torch._scaled_mm` on CUDA; the same sum on the CPU).
-    These are the numerics of aisrl.quant's fake-quant `fp8_e4m3_w8a8` (DeepSeek-V3; FP8-RL). Full-precision
-    and FP8 weights on the CPU are also kept, as FP32 values, prepacked in oneDNN's blocked layout: at decode
-    sizes (a few dozen rows) its GEMMs run 10-40% faster than MKL's on plain weights (BENCHMARKS.md section 4).
+    These are the numerics of aisrl.quant's fake-quant `fp8_e4m3_w8a8` (DeepSeek-V3; FP8-RL). FP32 and FP8
+    weights on the CPU are also kept, as FP32 values, prepacked in oneDNN's blocked layout: at decode sizes (a
+    few dozen rows) its GEMMs run 10-40% faster than MKL's on plain weights (BENCHMARKS.md section 4). That
+    copy costs 4 bytes per parameter next to the plain weights, which prefill-sized inputs use (MKL is faster
+    there).
   - The stages between GEMMs (residual add + RMSNorm + activation quantisation; QKV split + q/k norm + rotary
     + KV-cache format; SiLU-gate + quantisation; sampling). On CUDA `CompiledStage` fuses each into one or two
     kernels. Eager PyTorch launches ~60 kernels per layer, which costs more than the FP8 GEMMs save.
@@ -57,7 +59,11 @@ class Linear:
         if self.b is not None:
             self.b.copy_(torch.cat(biases))
         if self.w.device.type == "cpu" and (self.fp8 or self.w.dtype == torch.float32) and _ONEDNN:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w.float(), _PACK_ROWS)  # FP8 values: exact
+            try:  # a private op: if a torch version changes it, run on the plain weights
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w.float(), _PACK_ROWS)  # FP8: exact
+            except (RuntimeError, TypeError) as e:
+                self.packed = None
+                warnings.warn(f"aisrl.engine: oneDNN weight packing failed, using plain GEMMs: {e}", stacklevel=2)
 
     def __call__(self, x) -> torch.Tensor:  # (M, n_in), or its FP8 rows and scales -> (M, n_out)
         xq, sx = (x if isinstance(x, tuple) else fp8_rows(x)) if self.fp8 else (x, None)

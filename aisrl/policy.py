@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from aisrl.engine import Engine
-from aisrl.rollout import Rollout, SamplingParams, generate, logprobs
+from aisrl.rollout import Rollout, SamplingParams, generate, length_order, logprobs
 
 
 @dataclass
@@ -37,6 +37,10 @@ class CausalPolicy:
     def score(self, model, r: Rollout, step: int) -> torch.Tensor:
         return logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, self.params,
                         micro_batch=self.micro_batch)  # fmt: skip
+
+    def order(self, r: Rollout) -> torch.Tensor:
+        """Row order for the update's micro-batches: by length, as `logprobs` groups them (least padding)."""
+        return length_order(r.prompt_mask, r.completion_mask)
 
     def greedy(self, model, prompts: list[list[int]]) -> Rollout:
         greedy = SamplingParams(self.params.max_new_tokens, greedy=True)
@@ -94,6 +98,10 @@ class DiffusionPolicy:
                 )
             )
         return torch.cat(out, dim=0)
+
+    def order(self, r: Rollout) -> torch.Tensor:
+        """Row order for the update's micro-batches: the batch's own, as every scoring pass slices it (full width)."""
+        return torch.arange(r.completion_ids.shape[0])
 
     def greedy(self, model, prompts) -> Rollout:
         return self._rollout(model, prompts, None, True, 0)

@@ -66,6 +66,7 @@ class Rollout:
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """(..., V) logits -> (..., V) FP32 log-probs of the processed sampling distribution."""
+    # at temperature 1, FP32 logits are the caller's own tensor: nothing below may modify x in place
     x = logits.float() if params.temperature == 1.0 else logits.float() / params.temperature
     if params.top_k and params.top_k < x.shape[-1]:
         kth = x.topk(params.top_k, dim=-1).values[..., -1:]
@@ -257,13 +258,13 @@ def logprobs(
     body, head = model.get_decoder(), model.get_output_embeddings()
     device = device_of(model)
     (B, P), T = prompt_ids.shape, completion_ids.shape[1]
-    if T == 0:
+    if T == 0:  # no completion columns: nothing to score (and nothing to differentiate)
         return torch.zeros(B, 0, device=completion_mask.device)
     order, ends = length_order(prompt_mask, completion_mask), _ends(completion_mask)
     parts = []
     for s in range(0, B, micro_batch):
         idx = order[s : s + micro_batch]
-        a = min(int(prompt_mask[idx].any(0).int().argmax()), P - 1)  # first column with a token; keep column P - 1
+        a = int(prompt_mask[idx].any(0).int().argmax())  # first column holding a token (0 if none does)
         t = max(1, int(ends[idx].max()))  # at least one column, so a batch without tokens still has a graph
         ids = torch.cat([prompt_ids[idx, a:], completion_ids[idx, :t]], dim=1).to(device)
         mask = torch.cat([prompt_mask[idx, a:], completion_mask[idx, :t]], dim=1).to(device)

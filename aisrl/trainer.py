@@ -31,7 +31,7 @@ from aisrl.losses import AGGREGATIONS, LOSSES, group_advantages
 from aisrl.policy import CausalPolicy, DiffusionPolicy
 from aisrl.qarl import align_, error_tokens, set_alignment
 from aisrl.quant import quant_config, quantize_, sync_weights
-from aisrl.rollout import SamplingParams, device_of, length_order
+from aisrl.rollout import SamplingParams, device_of
 from aisrl.solrl import select_extremes
 from aisrl.tracking import Tracker
 from aisrl.train_config import TrainConfig
@@ -322,7 +322,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         # 4. mu epochs of the clipped loss over micro-batches, one optimizer step per epoch
         t0 = time.perf_counter()
         score = functools.partial(_score_at, policy, step=step, precision=cfg.precision)  # (diffusion: its seed)
-        loss_metrics = _update(cfg, model, ref, opt, r, old_logp, adv, res, score)
+        loss_metrics = _update(cfg, model, ref, opt, r, old_logp, adv, res, score, policy.order(r))
         sched.step()
         t["time_train"] = time.perf_counter() - t0
         # 5. weight sync into the rollout copy
@@ -392,7 +392,8 @@ def _as_reference(ref):
     return stack
 
 
-def _update(cfg, model, ref, opt, r, old_logp, adv, res, score) -> dict:
+def _update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
+    """mu epochs over micro-batches of the rows in `order` (the policy's: by length for causal LMs)."""
     n = r.completion_ids.shape[0]
     mask = res.mask
     tok_total, seq_total = all_sum(mask.sum().double(), mask.any(1).sum().double())  # global denominators
@@ -400,7 +401,6 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, score) -> dict:
     acc: dict[str, float] = {}
     agg = "seq-mean" if cfg.loss == "tbpo" else cfg.agg
     dual_clip = cfg.dual_clip or (3.0 if cfg.loss == "tbpo" else None)
-    order = length_order(r.prompt_mask, r.completion_mask)  # micro-batches of similar lengths carry least padding
     for _ in range(cfg.epochs):
         opt.zero_grad()
         for s in range(0, n, cfg.micro_batch):

@@ -102,7 +102,6 @@ def _peak_rss_gb_of(code: str) -> float:
     """Run `code` in a fresh interpreter after loading SmolLM2; return its peak RSS increase (GB)."""
     script = f"""
 import torch, json
-from aisrl.engine import Engine
 from aisrl.models import load_model
 from aisrl.rollout import logprobs
 model, tok = load_model("smollm2")
@@ -150,8 +149,8 @@ if __name__ == "__main__":
         body += "\n".join(f"| {cells.format(**r)} |" for r in rows) + "\n"
         update_section(ROOT / "BENCHMARKS.md", "engine_throughput", body)
     elif what == "profile":
-        data["profile_batch64_percent"] = profile()
-        print(data["profile_batch64_percent"])
+        data["profile_batch64"] = profile()
+        print(data["profile_batch64"])
     else:
         m = memory()
         data["memory"] = m

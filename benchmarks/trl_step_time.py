@@ -36,7 +36,7 @@ OURS = {
 }
 
 
-def run_trl(steps: int) -> list[float]:
+def run_trl(steps: int) -> tuple[list[float], list[float]]:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 

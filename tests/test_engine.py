@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from aisrl.engine import Engine
-from aisrl.engine_ops import Linear, counter_uniform
+from aisrl.engine_ops import _ONEDNN, Linear, counter_uniform
 from aisrl.kernels import decode_attention, decode_attention_ref, kernel_supports
 from aisrl.models import tiny_model
 from aisrl.quant import FakeQuantLinear, quant_config, quantize_
@@ -85,7 +85,7 @@ def test_fp8_linear_is_the_fake_quant_layer():
         cfg = quant_config(preset)
         ours = Linear(48, 64, True, cfg.granularity, torch.float32, "cpu")
         ours.load([lin.weight.detach()], [lin.bias.detach()])
-        assert ours.w.dtype == torch.float8_e4m3fn
+        assert ours.w.dtype == torch.float8_e4m3fn and (ours.packed is not None) == _ONEDNN
         for rows in (5, 700):  # decode sizes (prepacked FP32 copies of the FP8 values) and prefill sizes
             x = torch.randn(rows, 64) * 3
             torch.testing.assert_close(ours(x), FakeQuantLinear(lin, cfg)(x), atol=1e-5, rtol=1e-5)
@@ -97,6 +97,7 @@ def test_full_precision_linear_matches_nn_linear_and_reloads():
     ours = Linear(48, 64, True, None, torch.float32, "cpu")
     for ref in (lin, other):  # a second load (a weight sync) must replace the prepacked copy too
         ours.load([ref.weight.detach()], [ref.bias.detach()])
+        assert (ours.packed is not None) == _ONEDNN  # the fast path is on wherever oneDNN is built in
         for rows in (1, 5, 64, 700):  # decode sizes (oneDNN's prepacked weights where available) and prefill sizes
             x = torch.randn(rows, 64)
             torch.testing.assert_close(ours(x), ref(x), atol=1e-5, rtol=1e-5)

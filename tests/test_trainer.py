@@ -55,6 +55,18 @@ def test_resume_is_exact(tmp_path, monkeypatch):
         assert {k: v for k, v in x.items() if k not in drop} == {k: v for k, v in y.items() if k not in drop}
 
 
+def test_micro_batches_in_length_order_accumulate_the_full_batch_gradient(tmp_path, monkeypatch):
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    got = {}
+    for mb in (16, 3):  # one micro-batch of all 16 rows, and uneven ones of rows regrouped by length
+        out = tmp_path / f"mb{mb}"
+        train(load_config("lab", [*TINY, "max_steps=1", f"micro_batch={mb}", f"output_dir={out}"]), log=lambda _: None)
+        got[mb] = rows(out)[0]
+    assert got[16]["grad_norm"] > 0
+    for key in ("grad_norm", "reward", "k3_kl", "completion_len"):
+        assert got[3][key] == pytest.approx(got[16][key], rel=1e-4), key
+
+
 def test_static_engine_rollouts_train_and_resume_exactly(tmp_path, monkeypatch):
     monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
     base = [*TINY, "rollout.engine=static", "rollout.quant=fp8_e4m3_w8a8_kv", "checkpoint_every=2"]
