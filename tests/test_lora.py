@@ -66,7 +66,8 @@ def test_lora_reference_is_the_base_model_with_adapters_off(tmp_path, monkeypatc
     from conftest import TINY_LAB
 
     from aisrl.train_config import load_config
-    from aisrl.trainer import _as_reference, train
+    from aisrl.trainer import train
+    from aisrl.update import _as_reference
 
     monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))

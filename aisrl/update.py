@@ -1,0 +1,80 @@
+"""The policy-gradient update of one GRPO step: mu epochs of the clipped loss over micro-batches.
+
+Why a module of its own: it is the one place where the loss meets the model (micro-batching, gradient
+accumulation, the optional KL reference, data-parallel gradient averaging, clipping), and it reads best apart
+from the trainer's bookkeeping. Each micro-batch's loss is scaled by its share of the batch's global token (or
+sequence) count, so accumulating them gives exactly the full-batch loss of aisrl.losses, whatever the grouping
+(DAPO-style token-mean aggregation; Yu et al. 2025) and across ranks (`aisrl.dist.all_sum`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from aisrl.dist import all_sum, world_size
+from aisrl.lora import is_peft
+from aisrl.losses import LOSSES
+
+
+@contextlib.contextmanager
+def _eval_mode(model):
+    """The model in eval mode for the block, its previous mode restored after."""
+    was = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was)
+
+
+def _as_reference(ref):
+    """Score with the reference policy: a frozen copy as is, or a LoRA model with its adapters switched off
+    (the d1 recipe's reference, without a second copy of the weights), in eval mode either way."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(_eval_mode(ref))
+    if is_peft(ref):
+        stack.enter_context(ref.disable_adapter())
+    return stack
+
+
+def _update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
+    """mu epochs over micro-batches of the rows in `order` (the policy's: by length for causal LMs)."""
+    n = r.completion_ids.shape[0]
+    mask = res.mask
+    tok_total, seq_total = all_sum(mask.sum().double(), mask.any(1).sum().double())  # global denominators
+    totals = {"tok": tok_total.clamp(min=1), "seq": seq_total.clamp(min=1)}
+    acc: dict[str, float] = {}
+    agg = "seq-mean" if cfg.loss == "tbpo" else cfg.agg
+    dual_clip = cfg.dual_clip or (3.0 if cfg.loss == "tbpo" else None)
+    for _ in range(cfg.epochs):
+        opt.zero_grad()
+        for s in range(0, n, cfg.micro_batch):
+            sl = order[s : s + cfg.micro_batch]
+            rows = r.select(sl)
+            logp = score(model, rows)
+            ref_logp = None
+            if ref is not None:
+                with torch.no_grad(), _as_reference(ref):
+                    ref_logp = score(ref, rows)
+            loss, m = LOSSES[cfg.loss](logp, old_logp[sl], adv[sl], mask[sl], weights=res.weights[sl],
+                                       clip=(cfg.clip_low, cfg.clip_high), dual_clip=dual_clip, agg=agg,
+                                       ref_logp=ref_logp, kl_coef=cfg.kl_coef,
+                                       horizon=cfg.rollout.max_new_tokens)  # fmt: skip
+            # micro-batch share of the batch's denominator, so accumulation equals one full-batch loss
+            (mb_tok, mb_seq) = all_sum(mask[sl].sum().double(), mask[sl].any(1).sum().double())
+            share = (mb_tok / totals["tok"] if agg == "token-mean" else mb_seq / totals["seq"]).float()
+            (loss * share).backward()
+            for k, v in m.items():
+                acc[k] = acc.get(k, 0.0) + v.item() * share.item() / cfg.epochs
+        if world_size() > 1:  # data parallel: average gradients over ranks (what DDP does)
+            for p in model.parameters():
+                if p.grad is not None:
+                    torch.distributed.all_reduce(p.grad)
+                    p.grad /= world_size()
+        if cfg.grad_clip > 0:
+            params_ = [p for p in model.parameters() if p.requires_grad]
+            acc["grad_norm"] = torch.nn.utils.clip_grad_norm_(params_, cfg.grad_clip).item()
+        opt.step()
+    return acc
