@@ -236,8 +236,10 @@ class Engine:
                                      self.sm_scale, use_kernel=self.use_kernel)  # fmt: skip  (B, H, D)
             else:
                 st.k[i][:, :, :S], st.v[i][:, :, :S] = kq, vq
-                kd = kq.to(self.dtype) * st.ks[i][:, :, None, None].to(self.dtype)  # attend to what was stored
-                vd = vq.to(self.dtype) * st.vs[i][:, :, None, None].to(self.dtype)
+                kd, vd = kq, vq  # attend to what was stored: FP8 bytes dequantised, a wide cache as is
+                if self.kv_fp8:
+                    kd = kq.to(self.dtype) * st.ks[i][:, :, None, None].to(self.dtype)
+                    vd = vq.to(self.dtype) * st.vs[i][:, :, None, None].to(self.dtype)
                 a = prefill_attention(q, kd, vd, valid, self.sm_scale)
             delta = layer["o"](f["quant"](a.reshape(B * S, H * D), fp8)).view(B, S, -1)
             x, h = f["add_norm"](x, delta, self.small[n + "post_attention_layernorm.weight"], eps, fp8)

@@ -233,7 +233,11 @@ def _ends(completion_mask: torch.Tensor) -> torch.Tensor:
 def length_order(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
     """(B,) row order by completion extent, then prompt length: consecutive micro-batches of it hold rows of
     similar length, so cutting each to its own width (as `logprobs` does) drops the most padding."""
-    return torch.argsort(_ends(completion_mask) * (prompt_mask.shape[1] + 1) + prompt_mask.sum(1), stable=True)
+    return _order(prompt_mask, _ends(completion_mask))
+
+
+def _order(prompt_mask: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    return torch.argsort(ends * (prompt_mask.shape[1] + 1) + prompt_mask.sum(1), stable=True)
 
 
 def logprobs(
@@ -260,7 +264,8 @@ def logprobs(
     (B, P), T = prompt_ids.shape, completion_ids.shape[1]
     if T == 0:  # no completion columns: nothing to score (and nothing to differentiate)
         return torch.zeros(B, 0, device=completion_mask.device)
-    order, ends = length_order(prompt_mask, completion_mask), _ends(completion_mask)
+    ends = _ends(completion_mask)  # (B,)
+    order = _order(prompt_mask, ends)  # = length_order(prompt_mask, completion_mask)
     parts = []
     for s in range(0, B, micro_batch):
         idx = order[s : s + micro_batch]
