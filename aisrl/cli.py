@@ -56,7 +56,8 @@ def _compare(args) -> int:
     """`[PRESET] [key=value ...]`: keys of CompareConfig configure the study, any other key trains every run."""
     import dataclasses
 
-    from aisrl.compare import CompareConfig, run_study, table
+    from aisrl.compare import CompareConfig, run_study
+    from aisrl.compare_report import table
     from aisrl.config import apply_overrides
 
     items = [args.preset, *args.overrides] if args.preset and "=" in args.preset else list(args.overrides)

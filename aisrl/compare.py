@@ -17,7 +17,9 @@ Aggregation (per format and method, mean and sample standard deviation over seed
   samples per step, unlike a held-out accuracy on 80 problems whose noise alone halves a 10% score);
 - training reward curves, alpha and the three AIS diagnostics, and the rollout/trainer mismatch (k3 KL,
   sequence ESS/N) early (first fifth of steps) and late (last fifth): the non-stationarity check;
-- the share of step time spent in rollout, log-prob recompute, correction, update and weight sync.
+- the share of step time spent in rollout, log-prob recompute, correction, update and weight sync;
+- each final model scored with many samples (aisrl.final_eval): the full-precision trained policy's reward,
+  the same through its low-precision rollout copy, and held-out accuracy, paired with the reference.
 It writes `out/compare.json` and `out/compare.png`, and with `publish=true` also the JSON and figure under
 benchmarks/results/ and a table in BENCHMARKS.md.
 """
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -42,6 +43,8 @@ RECIPES = {
 """Methods that are more than a correction: training overrides (QaRL alignment + TBPO + error-token masking;
 Sol-RL: 16 low-precision candidates per prompt, the extremes kept and trained on-policy)."""
 DIAGNOSTICS = ("weight_reliability", "divergence_severity", "variance_amplification")
+FINALS = ("policy_reward", "sampler_reward", "held_reward", "held_accuracy")
+"""Scores of each run's final model (aisrl.final_eval), aggregated like the rest."""
 TIMES = ("time_rollout", "time_logprob", "time_correction", "time_train", "time_sync")
 
 
@@ -70,6 +73,9 @@ class CompareConfig:
     """A run collapsed if its last-fifth training reward is below this fraction of its best 10-step mean."""
     publish: bool = False
     """Also write benchmarks/results/compare.{json,png} and the table of BENCHMARKS.md."""
+    final_samples: int = 4
+    """Completions per training prompt when each finished run's final model is scored at full precision
+    (aisrl.final_eval: trained-policy reward, its low-precision sampler's, held-out); 0 = skip."""
 
 
 @dataclass(frozen=True)
@@ -137,10 +143,14 @@ def run_study(cfg: CompareConfig, log=print) -> dict:
 
             build(base)  # the causal or the diffusion lab model, as the preset says
         (_run_here if cfg.jobs == 1 else _run_subprocesses)(todo, cfg, log)
+    if cfg.final_samples > 0:
+        _evaluate_finals(cfg, runs, base.max_steps, log)
     result = aggregate(cfg, runs, base.max_steps)
     from aisrl.bench.report import write_json
 
     write_json(Path(cfg.out) / "compare.json", result)
+    from aisrl.compare_report import plot, publish
+
     try:
         plot(result, Path(cfg.out) / "compare.png")
     except ImportError:
@@ -182,6 +192,21 @@ def _run_subprocesses(todo: list[Run], cfg: CompareConfig, log) -> None:
                 log(f"compare: {run.group} seed {run.seed} failed (exit {proc.returncode}), see its train.log")
     if failed:
         raise RuntimeError(f"{len(failed)} runs failed; fix and re-run the same command to resume them")
+
+
+def _evaluate_finals(cfg: CompareConfig, runs: list[Run], max_steps: int, log) -> None:
+    """Score every finished run's final model (cached per run, so a re-run only scores new runs)."""
+    from aisrl.final_eval import evaluate_final, supported
+    from aisrl.train_config import load_config
+
+    if not supported(load_config(cfg.preset, cfg.train)):
+        log("compare: final-model scores need full-parameter causal runs (no LoRA, no diffusion); skipped")
+        return
+    finished = [r for r in runs if _done(r, cfg, max_steps)]
+    for i, run in enumerate(finished, 1):
+        if i == 1 or i % 10 == 0:
+            log(f"compare: scoring final models, {i}/{len(finished)}")
+        evaluate_final(run.path(cfg.out), load_config(cfg.preset, run.overrides(cfg)), cfg.final_samples)
 
 
 def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
@@ -250,14 +275,16 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
         rows = _rows(run.path(cfg.out))
         if rows and rows[-1]["step"] >= max_steps:
             g["runs"][str(run.seed)] = summarize_run(rows[:max_steps], cfg.collapse_fraction)
+            final = run.path(cfg.out) / "final_eval.json"
+            g["runs"][str(run.seed)].update(json.loads(final.read_text()) if final.exists() else {})
         else:
             g["missing"].append(run.seed)
     for g in groups.values():
         rs = list(g["runs"].values())
         for key in ("eval_start", "eval_final", "eval_best", "fit_start", "fit_final", "seconds_per_step",
                     "alpha_early", "alpha_late", "k3_kl_early", "k3_kl_late", "ess_early", "ess_late",
-                    "alpha_kl_corr"):  # fmt: skip
-            g[key] = _mean_std([r[key] for r in rs])
+                    "alpha_kl_corr", *FINALS):  # fmt: skip
+            g[key] = _mean_std([r.get(key) for r in rs])
         g["reward_last_fifth"] = _mean_std([_last_fifth(r) for r in rs])
         g["collapses"] = sum(r["collapsed"] for r in rs)
         g["time_share"] = {k: _mean_std([r["time_share"][k] for r in rs])[0] for k in TIMES}
@@ -265,6 +292,8 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
     for g in groups.values():  # paired by seed: same prompts and sampling seeds as the reference run
         seeds = [s for s in g["runs"] if s in ref]
         g["reward_vs_reference"] = _mean_std([_last_fifth(g["runs"][s]) - _last_fifth(ref[s]) for s in seeds])
+        both = [s for s in seeds if "policy_reward" in g["runs"][s] and "policy_reward" in ref[s]]
+        g["policy_vs_reference"] = _mean_std([g["runs"][s]["policy_reward"] - ref[s]["policy_reward"] for s in both])
     return {"config": asdict(cfg), "max_steps": max_steps, "machine": machine(), "groups": groups}
 
 
@@ -272,106 +301,5 @@ def _last_fifth(run: dict) -> float:
     return _fifths(run["reward"])[1]
 
 
-def _pm(ms, scale: float = 100.0, digits: int = 1) -> str:
-    m, s = ms
-    return "-" if m is None else f"{m * scale:.{digits}f} ± {s * scale:.{digits}f}"
-
-
-def _arrow(g: dict, key: str, digits: int = 3) -> str:
-    a, b = g[f"{key}_early"][0], g[f"{key}_late"][0]
-    return "-" if a is None or b is None else f"{a:.{digits}g} → {b:.{digits}g}"
-
-
-def table(result: dict) -> str:
-    """Markdown table: one row per group, the reference first."""
-    head = ("| rollout | correction | seeds | held-out start % | final % | best % | collapses | train-prompt start % "
-            "| final % | reward (last fifth) | Δ reward vs full precision (paired) "
-            "| alpha early → late | k3 KL early → late | ESS/N early → late | rollout share | s/step |")  # fmt: skip
-    lines = [head, "|" + "---|" * 16]
-    for g in result["groups"].values():
-        n = len(g["runs"])
-        if not n:
-            continue
-        lines.append(
-            f"| {'full precision' if g['format'] == 'none' else g['format']} | {g['method']} | {n} "
-            f"| {_pm(g['eval_start'])} | {_pm(g['eval_final'])} | {_pm(g['eval_best'])} | {g['collapses']}/{n} "
-            f"| {_pm(g['fit_start'])} | {_pm(g['fit_final'])} | {_pm(g['reward_last_fifth'], 1, 3)} "
-            f"| {_pm(g.get('reward_vs_reference', (None, None)), 1, 3)} "
-            f"| {_arrow(g, 'alpha')} | {_arrow(g, 'k3_kl', 2)} "
-            f"| {_arrow(g, 'ess')} | {g['time_share']['time_rollout'] * 100:.0f}% "
-            f"| {g['seconds_per_step'][0]:.2f} |"
-        )
-    return "\n".join(lines)
-
-
 def _smooth(xs: list[float], w: int) -> list[float]:
     return [statistics.fmean(xs[max(0, i - w + 1) : i + 1]) for i in range(len(xs))]
-
-
-def plot(result: dict, path: Path) -> None:
-    """Per format: reward (mean and min-max band over seeds), held-out accuracy, alpha and k3 KL over steps."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = result["groups"]
-    formats = sorted({g["format"] for g in groups.values() if g["format"] != "none"}) or ["none"]
-    fig, axes = plt.subplots(len(formats), 4, figsize=(18, 3.6 * len(formats)), squeeze=False)
-    for row, fmt in zip(axes, formats, strict=True):
-        for g in groups.values():
-            if g["format"] not in (fmt, "none") or not g["runs"]:
-                continue
-            label, rs = ("full precision" if g["format"] == "none" else g["method"]), list(g["runs"].values())
-            curves = [_smooth(r["reward"], 10) for r in rs]
-            steps = range(1, min(map(len, curves)) + 1)
-            cols = list(zip(*[c[: len(steps)] for c in curves], strict=True))
-            (line,) = row[0].plot(steps, [statistics.fmean(c) for c in cols], label=label,
-                                  ls="--" if g["format"] == "none" else "-")  # fmt: skip
-            row[0].fill_between(steps, [min(c) for c in cols], [max(c) for c in cols], alpha=0.15,
-                                color=line.get_color())  # fmt: skip
-            ev = [r["eval_curve"] for r in rs]
-            xs = [s for s, _ in ev[0]]
-            ys = [statistics.fmean(e[i][1] for e in ev) for i in range(len(xs))]
-            row[1].plot([0, *xs], [statistics.fmean(r["eval_start"] or 0 for r in rs), *ys], "o-", ms=3,
-                        color=line.get_color(), label=label)  # fmt: skip
-            if any(a is not None for a in rs[0]["alpha"]):
-                a = [statistics.fmean(r["alpha"][i - 1] for r in rs) for i in steps]
-                row[2].plot(steps, a, color=line.get_color(), label=f"{label}: alpha")
-            kl = [statistics.fmean(r["k3_kl"][i - 1] or 0 for r in rs) for i in steps]
-            if g["format"] != "none":
-                row[3].plot(steps, _smooth(kl, 5), color=line.get_color(), label=label)
-        titles = (f"{fmt}: training reward (10-step mean; band: min-max over seeds)", "held-out greedy accuracy",
-                  "AIS alpha", "k3 KL(rollout || trainer), 5-step mean")  # fmt: skip
-        for ax, title in zip(row, titles, strict=True):
-            ax.set_title(title, fontsize=9)
-            ax.set_xlabel("step")
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=7)
-        row[3].set_yscale("log")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def publish(cfg: CompareConfig, result: dict, root: str | Path = ".") -> None:
-    """benchmarks/results/<name>.{json,png} and the `<name>` section of BENCHMARKS.md: `compare` for the lab
-    preset, `compare_<preset>` for any other (so studies of different presets keep their own tables)."""
-    from aisrl.bench.report import update_section, write_json
-
-    root = Path(root)
-    from aisrl.train_config import load_config
-
-    stem = Path(cfg.preset).stem
-    if load_config(cfg.preset, cfg.train).model.kind == "diffusion" and "diffusion" not in stem:
-        stem += "_diffusion"  # `lab model.kind=diffusion` must not overwrite the causal lab's table
-    name = "compare" if stem == "lab" else f"compare_{stem}"
-    write_json(root / f"benchmarks/results/{name}.json", result)
-    plot(result, root / f"benchmarks/results/{name}.png")
-    argv = [a for a in sys.argv[1:] if not a.startswith(("jobs=", "publish="))]  # how it ran, not how it was shown
-    args = " ".join(shlex.quote(a) for a in argv) if argv[:1] == ["compare"] else ""
-    command = f"aisrl {args}" if args else f"aisrl compare {cfg.preset} (see benchmarks/results/{name}.json)"
-    body = (f"Command: `{command}`  \nMachine: {result['machine']['processor']}, {result['machine']['cpus']} CPUs, "
-            f"torch {result['machine']['torch']}; {result['max_steps']} steps per run.\n\n{table(result)}\n\n"
-            f"![comparison](benchmarks/results/{name}.png)\n")  # fmt: skip
-    update_section(root / "BENCHMARKS.md", name, body)

@@ -1,11 +1,15 @@
 """Paired per-seed comparison of corrections across `aisrl compare` output directories (issue 5).
 
     python benchmarks/paired_seeds.py runs/compare runs/compare_extra [format=mxfp4_w4a4] [methods=none,tis,ais]
+        [metric=reward|policy_reward|sampler_reward|held_accuracy|held_reward]
 
 A study grows by runs in several directories (more seeds later). This script pools them and compares each
-method's last-fifth training reward with the full-precision run of the same seed (same prompts and sampling
-seeds), then compares methods with each other seed by seed. Only finished runs count: a run whose metrics
-stop before its last step is skipped. Prints the numbers and writes benchmarks/results/paired_<format>.json.
+method's score with the full-precision run of the same seed (same prompts and sampling seeds), then
+compares methods with each other seed by seed. The score is the last-fifth training reward (`reward`, the
+default) or one of the final-model scores `aisrl compare` writes to each run's final_eval.json
+(aisrl.final_eval). Only finished runs count: a run whose metrics stop before its last step, or that has
+no final_eval.json when one of its scores is asked for, is skipped. Prints the numbers and writes
+benchmarks/results/paired_<format>.json (paired_<format>_<metric>.json for a final-model score).
 """
 
 import json
@@ -16,6 +20,7 @@ from pathlib import Path
 from aisrl.bench.report import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
+METRICS = ("reward", "policy_reward", "sampler_reward", "held_accuracy", "held_reward")
 
 
 def last_fifth_reward(metrics: Path, steps: int) -> float | None:
@@ -27,49 +32,68 @@ def last_fifth_reward(metrics: Path, steps: int) -> float | None:
     return sum(tail) / len(tail)
 
 
-def collect(dirs: list[Path], kind: str, steps: int) -> dict[int, float]:
-    """{seed: last-fifth reward} of `kind` ('reference' or 'FORMAT/METHOD') over the directories (first wins)."""
+def score(run: Path, steps: int, metric: str) -> float | None:
+    """The run's `metric`, or None if the run is unfinished or was not scored."""
+    if not (run / "metrics.jsonl").exists() or last_fifth_reward(run / "metrics.jsonl", steps) is None:
+        return None
+    if metric == "reward":
+        return last_fifth_reward(run / "metrics.jsonl", steps)
+    final = run / "final_eval.json"
+    return json.loads(final.read_text()).get(metric) if final.exists() else None
+
+
+def collect(dirs: list[Path], kind: str, steps: int, metric: str = "reward") -> dict[int, float]:
+    """{seed: score} of `kind` ('reference' or 'FORMAT/METHOD') over the directories (first wins)."""
     out = {}
     for d in dirs:
         for run in sorted((d / kind).glob("seed*")):
             seed = int(run.name.removeprefix("seed"))
-            if seed not in out and (run / "metrics.jsonl").exists():
-                value = last_fifth_reward(run / "metrics.jsonl", steps)
-                if value is not None:
-                    out[seed] = value
+            value = None if seed in out else score(run, steps, metric)
+            if value is not None:
+                out[seed] = value
     return out
 
 
 def summary(values: list[float]) -> dict:
     n = len(values)
+    if n == 0:  # e.g. no run of a method has the asked-for final-model score yet
+        return {"n": 0, "mean": None, "std": None, "se": None, "positive": 0}
     sd = statistics.stdev(values) if n > 1 else float("nan")
     positive = sum(v > 0 for v in values)
     return {"n": n, "mean": statistics.mean(values), "std": sd, "se": sd / n**0.5, "positive": positive}
 
 
-def main(dirs: list[Path], fmt: str, methods: list[str], steps: int = 100) -> dict:
-    ref = collect(dirs, "reference", steps)
+def main(dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metric: str = "reward") -> dict:
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose from {sorted(METRICS)}")
+    ref = collect(dirs, "reference", steps, metric)
     delta = {}
     for m in methods:
-        runs = collect(dirs, f"{fmt}/{m}", steps)
+        runs = collect(dirs, f"{fmt}/{m}", steps, metric)
         delta[m] = {s: runs[s] - ref[s] for s in sorted(runs) if s in ref}
-    result = {"dirs": [str(d) for d in dirs], "format": fmt, "steps": steps, "vs_full_precision": {}, "pairs": {}}
+    result = {"dirs": [str(d) for d in dirs], "format": fmt, "steps": steps, "metric": metric,
+              "vs_full_precision": {}, "pairs": {}}  # fmt: skip
     for m, d in delta.items():
         result["vs_full_precision"][m] = {**summary(list(d.values())), "seeds": sorted(d)}
         s = result["vs_full_precision"][m]
+        if not s["n"]:
+            print(f"{m:>8}: no finished run with a {metric} paired with a full-precision one")
+            continue
         print(f"{m:>8} - full precision: {s['mean']:+.3f} ± {s['std']:.3f} (SE {s['se']:.3f}, {s['n']} seeds)")
     for i, a in enumerate(methods):
         for b in methods[i + 1 :]:
             common = sorted(set(delta[a]) & set(delta[b]))
             s = summary([delta[b][k] - delta[a][k] for k in common])
             result["pairs"][f"{b}-{a}"] = {**s, "seeds": common}
-            print(f"{b:>8} - {a}: {s['mean']:+.3f} ± {s['std']:.3f} (SE {s['se']:.3f}); {b} higher on {s['positive']}"
-                  f"/{s['n']} seeds")  # fmt: skip
-    write_json(ROOT / f"benchmarks/results/paired_{fmt}.json", result)
+            if s["n"]:
+                print(f"{b:>8} - {a}: {s['mean']:+.3f} ± {s['std']:.3f} (SE {s['se']:.3f}); {b} higher on "
+                      f"{s['positive']}/{s['n']} seeds")  # fmt: skip
+    write_json(ROOT / f"benchmarks/results/paired_{fmt}{'' if metric == 'reward' else '_' + metric}.json", result)
     return result
 
 
 if __name__ == "__main__":
     kw = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
     dirs = [Path(a) for a in sys.argv[1:] if "=" not in a] or [Path("runs/compare")]
-    main(dirs, kw.get("format", "mxfp4_w4a4"), kw.get("methods", "none,tis,ais").split(","), int(kw.get("steps", 100)))
+    main(dirs, kw.get("format", "mxfp4_w4a4"), kw.get("methods", "none,tis,ais").split(","), int(kw.get("steps", 100)),
+         kw.get("metric", "reward"))

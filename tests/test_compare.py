@@ -8,7 +8,8 @@ import pytest
 from conftest import TINY_LAB
 
 from aisrl.cli import main
-from aisrl.compare import CompareConfig, Run, aggregate, plan, publish, run_study, summarize_run, table
+from aisrl.compare import CompareConfig, Run, aggregate, plan, run_study, summarize_run
+from aisrl.compare_report import final_table, publish, table
 
 
 @pytest.fixture(autouse=True)
@@ -37,6 +38,12 @@ def test_reduced_study_runs_end_to_end_and_resumes(tmp_path, capsys):
     # full-precision rollouts come from an exact copy of the trainer: no mismatch; FP8 rollouts have some
     assert max(ref["k3_kl"]) < 1e-10 < min(fp8_none["k3_kl"])
     assert (out / "compare.png").exists() and "| full precision | none | 1 |" in capsys.readouterr().out
+    # each final model was scored (aisrl.final_eval): at full precision the sampler is the model itself
+    assert ref["policy_reward"] == ref["sampler_reward"] and fp8_none["sampler_reward"] is not None
+    assert result["groups"]["reference"]["policy_vs_reference"] == [0.0, 0.0]
+    assert result["groups"]["fp8_e4m3_w8a8/ais"]["policy_vs_reference"][0] == pytest.approx(
+        ais["policy_reward"] - ref["policy_reward"])
+    assert "| fp8_e4m3_w8a8 | ais | 1 |" in final_table(result)
     # a finished study is not re-run: the second call only aggregates (metrics files untouched)
     before = {p: p.stat().st_mtime_ns for p in out.rglob("metrics.jsonl")}
     assert main(args) == 0
@@ -131,6 +138,22 @@ def test_aggregate_only_with_jobs_zero_runs_nothing(tmp_path):
     assert result["groups"]["reference"]["missing"] == [0] and not list(tmp_path.glob("*/seed0"))
 
 
+@pytest.mark.parametrize("train", [["lora.r=4"], ["model.kind=diffusion"]])
+def test_final_scores_are_skipped_where_unsupported(tmp_path, monkeypatch, train):
+    import aisrl.compare as compare
+    import aisrl.final_eval as fe
+
+    def must_not_run(*a, **k):
+        raise AssertionError("scored a run final_eval cannot load")
+
+    monkeypatch.setattr(fe, "evaluate_final", must_not_run)
+    monkeypatch.setattr(compare, "_done", lambda *a: True)  # every run looks finished
+    cfg = CompareConfig(methods=["none"], formats=["int4"], seeds=[0], out=str(tmp_path), jobs=0, train=train)
+    logs = []
+    compare._evaluate_finals(cfg, plan(cfg), 10, logs.append)
+    assert logs == ["compare: final-model scores need full-parameter causal runs (no LoRA, no diffusion); skipped"]
+
+
 def test_recipes_become_training_overrides():
     cfg = CompareConfig(methods=["qarl", "solrl", "ais"], formats=["mxfp4_w4a4"], seeds=[1], reference=False)
     qarl, solrl, ais = plan(cfg)
@@ -172,3 +195,14 @@ def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch)
     pair = out["pairs"]["tis-none"]
     assert pair["seeds"] == [0, 1] and abs(pair["mean"] - 0.08) < 1e-12 and pair["positive"] == 2
     assert (tmp_path / "benchmarks/results/paired_fmt.json").exists()
+    # a final-model score instead: only runs that have a final_eval.json count
+    for d, kind, seed, score in (("a", "reference", 0, 0.8), ("b", "reference", 1, 0.7), ("a", "fmt/tis", 0, 0.75),
+                                 ("b", "fmt/tis", 1, 0.72), ("b", "fmt/tis", 2, 0.1)):  # fmt: skip
+        (tmp_path / d / kind / f"seed{seed}" / "final_eval.json").write_text(json.dumps({"policy_reward": score}))
+    out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["none", "tis"], steps=10, metric="policy_reward")
+    tis = out["vs_full_precision"]["tis"]  # seed 2's tis run is unfinished, so its score does not count
+    assert tis["seeds"] == [0, 1] and abs(tis["mean"] - (-0.05 + 0.02) / 2) < 1e-12
+    assert out["vs_full_precision"]["none"]["n"] == 0 and out["metric"] == "policy_reward"
+    assert (tmp_path / "benchmarks/results/paired_fmt_policy_reward.json").exists()
+    with pytest.raises(ValueError, match="unknown metric 'acc'; choose from"):
+        mod.main([tmp_path / "a"], "fmt", ["tis"], steps=10, metric="acc")

@@ -1,0 +1,132 @@
+"""Reports of the comparison study (aisrl.compare): markdown tables, the figure, and the BENCHMARKS.md section.
+
+Kept apart from the study itself so that running and aggregating a study reads on its own; everything here
+is a function of the aggregate dict `aisrl.compare.aggregate` returns.
+"""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+from aisrl.compare import CompareConfig, _smooth
+
+
+def _pm(ms, scale: float = 100.0, digits: int = 1) -> str:
+    m, s = ms
+    return "-" if m is None else f"{m * scale:.{digits}f} ± {s * scale:.{digits}f}"
+
+
+def _arrow(g: dict, key: str, digits: int = 3) -> str:
+    a, b = g[f"{key}_early"][0], g[f"{key}_late"][0]
+    return "-" if a is None or b is None else f"{a:.{digits}g} → {b:.{digits}g}"
+
+
+def table(result: dict) -> str:
+    """Markdown table: one row per group, the reference first."""
+    head = ("| rollout | correction | seeds | held-out start % | final % | best % | collapses | train-prompt start % "
+            "| final % | reward (last fifth) | Δ reward vs full precision (paired) "
+            "| alpha early → late | k3 KL early → late | ESS/N early → late | rollout share | s/step |")  # fmt: skip
+    lines = [head, "|" + "---|" * 16]
+    for g in result["groups"].values():
+        n = len(g["runs"])
+        if not n:
+            continue
+        lines.append(
+            f"| {'full precision' if g['format'] == 'none' else g['format']} | {g['method']} | {n} "
+            f"| {_pm(g['eval_start'])} | {_pm(g['eval_final'])} | {_pm(g['eval_best'])} | {g['collapses']}/{n} "
+            f"| {_pm(g['fit_start'])} | {_pm(g['fit_final'])} | {_pm(g['reward_last_fifth'], 1, 3)} "
+            f"| {_pm(g.get('reward_vs_reference', (None, None)), 1, 3)} "
+            f"| {_arrow(g, 'alpha')} | {_arrow(g, 'k3_kl', 2)} "
+            f"| {_arrow(g, 'ess')} | {g['time_share']['time_rollout'] * 100:.0f}% "
+            f"| {g['seconds_per_step'][0]:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def final_table(result: dict) -> str:
+    """Markdown table of the final models' scores (aisrl.final_eval); empty if no run was scored."""
+    head = (
+        "| rollout | correction | seeds | final model's reward (full precision, train prompts) "
+        "| Δ vs full precision (paired) | its rollout copy's reward | held-out sampled accuracy % |"
+    )
+    lines = [head, "|" + "---|" * 7]
+    for g in result["groups"].values():
+        if g.get("policy_reward", (None,))[0] is None:
+            continue
+        lines.append(f"| {'full precision' if g['format'] == 'none' else g['format']} | {g['method']} "
+                     f"| {len(g['runs'])} | {_pm(g['policy_reward'], 1, 3)} | {_pm(g['policy_vs_reference'], 1, 3)} "
+                     f"| {_pm(g['sampler_reward'], 1, 3)} | {_pm(g['held_accuracy'])} |")  # fmt: skip
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def plot(result: dict, path: Path) -> None:
+    """Per format: reward (mean and min-max band over seeds), held-out accuracy, alpha and k3 KL over steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = result["groups"]
+    formats = sorted({g["format"] for g in groups.values() if g["format"] != "none"}) or ["none"]
+    fig, axes = plt.subplots(len(formats), 4, figsize=(18, 3.6 * len(formats)), squeeze=False)
+    for row, fmt in zip(axes, formats, strict=True):
+        for g in groups.values():
+            if g["format"] not in (fmt, "none") or not g["runs"]:
+                continue
+            label, rs = ("full precision" if g["format"] == "none" else g["method"]), list(g["runs"].values())
+            curves = [_smooth(r["reward"], 10) for r in rs]
+            steps = range(1, min(map(len, curves)) + 1)
+            cols = list(zip(*[c[: len(steps)] for c in curves], strict=True))
+            (line,) = row[0].plot(steps, [statistics.fmean(c) for c in cols], label=label,
+                                  ls="--" if g["format"] == "none" else "-")  # fmt: skip
+            row[0].fill_between(steps, [min(c) for c in cols], [max(c) for c in cols], alpha=0.15,
+                                color=line.get_color())  # fmt: skip
+            ev = [r["eval_curve"] for r in rs]
+            xs = [s for s, _ in ev[0]]
+            ys = [statistics.fmean(e[i][1] for e in ev) for i in range(len(xs))]
+            row[1].plot([0, *xs], [statistics.fmean(r["eval_start"] or 0 for r in rs), *ys], "o-", ms=3,
+                        color=line.get_color(), label=label)  # fmt: skip
+            if any(a is not None for a in rs[0]["alpha"]):
+                a = [statistics.fmean(r["alpha"][i - 1] for r in rs) for i in steps]
+                row[2].plot(steps, a, color=line.get_color(), label=f"{label}: alpha")
+            kl = [statistics.fmean(r["k3_kl"][i - 1] or 0 for r in rs) for i in steps]
+            if g["format"] != "none":
+                row[3].plot(steps, _smooth(kl, 5), color=line.get_color(), label=label)
+        titles = (f"{fmt}: training reward (10-step mean; band: min-max over seeds)", "held-out greedy accuracy",
+                  "AIS alpha", "k3 KL(rollout || trainer), 5-step mean")  # fmt: skip
+        for ax, title in zip(row, titles, strict=True):
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel("step")
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+        row[3].set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def publish(cfg: CompareConfig, result: dict, root: str | Path = ".") -> None:
+    """benchmarks/results/<name>.{json,png} and the `<name>` section of BENCHMARKS.md: `compare` for the lab
+    preset, `compare_<preset>` for any other (so studies of different presets keep their own tables)."""
+    from aisrl.bench.report import update_section, write_json
+
+    root = Path(root)
+    from aisrl.train_config import load_config
+
+    stem = Path(cfg.preset).stem
+    if load_config(cfg.preset, cfg.train).model.kind == "diffusion" and "diffusion" not in stem:
+        stem += "_diffusion"  # `lab model.kind=diffusion` must not overwrite the causal lab's table
+    name = "compare" if stem == "lab" else f"compare_{stem}"
+    write_json(root / f"benchmarks/results/{name}.json", result)
+    plot(result, root / f"benchmarks/results/{name}.png")
+    argv = [a for a in sys.argv[1:] if not a.startswith(("jobs=", "publish="))]  # how it ran, not how it was shown
+    args = " ".join(shlex.quote(a) for a in argv) if argv[:1] == ["compare"] else ""
+    command = f"aisrl {args}" if args else f"aisrl compare {cfg.preset} (see benchmarks/results/{name}.json)"
+    body = (f"Command: `{command}`  \nMachine: {result['machine']['processor']}, {result['machine']['cpus']} CPUs, "
+            f"torch {result['machine']['torch']}; {result['max_steps']} steps per run.\n\n{table(result)}\n\n"
+            f"{final_table(result)}\n\n"
+            f"![comparison](benchmarks/results/{name}.png)\n")  # fmt: skip
+    update_section(root / "BENCHMARKS.md", name, body)

@@ -1,0 +1,108 @@
+"""Evaluate the policy a run trained, with less noise than the per-step training signals (issue 5).
+
+Why it exists: a run's training reward is the reward of *rollouts*, so under low-precision rollouts it
+measures the quantised copy, not the full-precision model the run produces and a user deploys. When the
+policy sharpens, the copy's errors can grow (the k3 KL of MXFP4 W4A4 rollouts doubles over a lab run), so
+a gap in training reward mixes two effects: a worse trained policy, and a worse sampler of the same policy.
+The held-out greedy accuracy measures the right model, but on 80 problems its noise (about 3.5 points)
+is larger than the effects of the corrections.
+
+This module scores the final checkpoint of a run in three ways, each on many samples:
+- `policy_reward`: mean reward of the full-precision trained model, sampled as in training (same
+  temperature and length), over every prompt of the run's training pool, `samples` completions each;
+- `sampler_reward`: the same prompts and sampling seeds through the run's low-precision rollout copy
+  (equal to `policy_reward` for full-precision runs), so `policy_reward - sampler_reward` is what the
+  rollout format alone costs at the end of training;
+- `held_reward` / `held_accuracy`: the full-precision model sampled on the run's held-out problems (the
+  set its greedy accuracy is measured on), `held_samples` completions each.
+Sampling seeds do not depend on the run, so two runs of a seed are compared on the same prompts and the
+same uniform draws (common random numbers): their difference has less noise than either number.
+Results are cached in `<run>/final_eval.json` with the settings that produced them (and a hash of the
+weights, so a run trained again from scratch is scored again).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+SEED_BASE = 7_000_000_000
+"""Sampling seeds of the evaluation: SEED_BASE + i for the i-th request, the same for every run."""
+
+
+def _rewards(policy, model, task, tok, encode, problems: list, samples: int, kv_fp8: bool = False) -> list[tuple]:
+    from aisrl.trainer import completion_texts
+
+    rows = [p for p in problems for _ in range(samples)]
+    out = []
+    for s in range(0, len(rows), 512):  # bounded memory whatever the pool size
+        chunk = rows[s : s + 512]
+        seeds = [SEED_BASE + s + i for i in range(len(chunk))]
+        r = policy.sample(model, [encode(p) for p in chunk], seeds, 0, kv_fp8)
+        out += [task.reward(x, p) for x, p in zip(completion_texts(tok, r), chunk, strict=True)]
+    return out
+
+
+def supported(cfg) -> bool:
+    """Full-parameter causal runs; a LoRA checkpoint holds adapters, and diffusion samples differently."""
+    return cfg.lora.r == 0 and cfg.model.kind == "causal"
+
+
+def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int = 8) -> dict:
+    """Scores of the latest checkpoint in `run_dir` (a run trained with TrainConfig `cfg`); cached.
+    `samples` completions for each training prompt, `held_samples` for each of the run's held-out problems
+    (`cfg.eval_problems`; the lab's arithmetic has about 100 of them, hence more samples of each)."""
+    from aisrl.checkpoint import latest_checkpoint
+    from aisrl.lora import merged_state
+    from aisrl.trainer import _eval_mode, _rollout_model, build, make_policy, resolve_device
+
+    run_dir = Path(run_dir)
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise FileNotFoundError(f"{run_dir} has no checkpoint to evaluate; train it first")
+    weights = ckpt / "model.safetensors"
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()  # a re-trained run with the same step name is new
+    settings = {"checkpoint": ckpt.name, "weights_sha256": digest, "samples": samples, "held_samples": held_samples,
+                "seed_base": SEED_BASE}  # fmt: skip
+    cache = run_dir / "final_eval.json"
+    if cache.exists():
+        cached = json.loads(cache.read_text())
+        if cached.get("settings") == settings:
+            return cached
+    if not supported(cfg):
+        raise ValueError("final evaluation supports full-parameter causal runs (lora.r=0, model.kind=causal)")
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    device = resolve_device(cfg.device)  # where the run trained: a GPU run is scored on its GPU
+    model, tok, task, encode = build(cfg)
+    model.load_state_dict(load_file(weights))
+    model.to(device)
+    policy = make_policy(cfg, tok, model)
+    pool = task.problems("train", cfg.train_problems, seed=cfg.seed)
+    held = task.problems("test", cfg.eval_problems, seed=cfg.seed + 1)  # the run's own held-out set
+    with torch.no_grad(), _eval_mode(model):
+        trained = _rewards(policy, model, task, tok, encode, pool, samples)
+        if cfg.rollout.quant == "none":
+            sampler = trained
+        else:
+            rollout, sync = _rollout_model(cfg, model, device, task, encode)
+            sync(merged_state(model))
+            kv_fp8 = getattr(getattr(rollout, "quant_config", None), "kv_cache", False)
+            sampler = _rewards(policy, rollout, task, tok, encode, pool, samples, kv_fp8)
+        unseen = _rewards(policy, model, task, tok, encode, held, held_samples)
+
+    def mean(xs: list[tuple], i: int) -> float:  # i = 0: reward, 1: correct
+        return statistics.fmean(float(x[i]) for x in xs)
+
+    result = {"settings": settings, "policy_reward": mean(trained, 0), "policy_accuracy": mean(trained, 1),
+              "sampler_reward": mean(sampler, 0), "sampler_accuracy": mean(sampler, 1),
+              "held_reward": mean(unseen, 0), "held_accuracy": mean(unseen, 1)}  # fmt: skip
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(cache)
+    return result

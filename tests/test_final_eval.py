@@ -1,0 +1,74 @@
+"""Final-model scoring (aisrl.final_eval): the right weights, prompts and sampler are scored; results cache."""
+
+import json
+
+import pytest
+import torch
+from conftest import TINY_LAB
+from safetensors.torch import load_file, save_file
+
+import aisrl.final_eval as fe
+from aisrl.checkpoint import latest_checkpoint
+from aisrl.train_config import load_config
+from aisrl.trainer import build, train
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
+
+
+def _run(tmp_path, quant):
+    cfg = load_config("lab", [*TINY_LAB, "max_steps=2", "eval_every=2", f"rollout.quant={quant}",
+                              f"output_dir={tmp_path / quant}"])  # fmt: skip
+    train(cfg, log=lambda _: None)
+    return cfg
+
+
+def test_scores_the_checkpoint_with_the_runs_prompts_and_sampler(tmp_path, monkeypatch):
+    cfg = _run(tmp_path, "mxfp4_w4a4")
+    ckpt = load_file(latest_checkpoint(cfg.output_dir) / "model.safetensors")
+    calls = []
+
+    def fake_rewards(policy, model, task, tok, encode, problems, samples, kv_fp8=False):
+        calls.append((model, [p.question for p in problems], samples))
+        n = len(calls)  # distinct, known scores per call: 1st policy, 2nd sampler, 3rd held-out
+        return [(0.1 * n, True), (0.1 * n + 0.2, False)]
+
+    monkeypatch.setattr(fe, "_rewards", fake_rewards)
+    res = fe.evaluate_final(cfg.output_dir, cfg, samples=3, held_samples=5)
+    assert res["policy_reward"] == pytest.approx(0.2) and res["policy_accuracy"] == 0.5
+    assert res["sampler_reward"] == pytest.approx(0.3) and res["held_reward"] == pytest.approx(0.4)
+    (trained, pool, k1), (rollout, pool2, k2), (trained2, held, k3) = calls
+    assert (k1, k2, k3) == (3, 3, 5) and trained is trained2 and pool == pool2
+    for k, v in trained.state_dict().items():  # the final checkpoint's weights, not the warm start
+        assert torch.equal(v, ckpt[k]), k
+    _, _, task, _ = build(cfg)
+    assert pool == [p.question for p in task.problems("train", cfg.train_problems, seed=cfg.seed)]
+    assert held == [p.question for p in task.problems("test", cfg.eval_problems, seed=cfg.seed + 1)]
+    # the sampler is the run's MXFP4 copy of those weights: quantised, so not equal to them
+    w = "model.layers.0.mlp.down_proj.weight"
+    q = dict(rollout.named_buffers())[w]  # the fake-quantised copy keeps its linear weights as buffers
+    assert rollout is not trained and not torch.equal(q, ckpt[w])
+    assert (q - ckpt[w]).abs().max() < 0.5 * ckpt[w].abs().max()  # a rounding of the checkpoint, not other weights
+
+
+def test_cached_until_the_weights_or_settings_change(tmp_path, monkeypatch):
+    cfg = _run(tmp_path, "none")
+    first = fe.evaluate_final(cfg.output_dir, cfg, samples=1, held_samples=1)
+    assert first["policy_reward"] == first["sampler_reward"]  # full precision: the sampler is the model
+    assert all(0.0 <= first[k] <= 1.0 for k in ("policy_reward", "held_reward", "held_accuracy"))
+    monkeypatch.setattr(fe, "_rewards", lambda *a, **k: [(1.0, True)])
+    assert fe.evaluate_final(cfg.output_dir, cfg, samples=1, held_samples=1) == first  # cached
+    assert fe.evaluate_final(cfg.output_dir, cfg, samples=2, held_samples=1)["policy_reward"] == 1.0  # new settings
+    path = latest_checkpoint(cfg.output_dir) / "model.safetensors"
+    state = load_file(path)
+    save_file({k: v * 0 for k, v in state.items()}, path)  # the run re-trained: same step name, new weights
+    fe.evaluate_final(cfg.output_dir, cfg, samples=1, held_samples=1)
+    assert json.loads((tmp_path / "none" / "final_eval.json").read_text())["policy_reward"] == 1.0
+
+
+def test_a_run_without_checkpoint_is_an_error(tmp_path):
+    cfg = load_config("lab", [*TINY_LAB, f"output_dir={tmp_path}"])
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        fe.evaluate_final(tmp_path, cfg)
