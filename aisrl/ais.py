@@ -12,16 +12,19 @@ diagnostics, each computed from all-reduced sums (`aisrl.dist`):
 - variance amplification Gamma = E[wbar^2] / E[wbar]^2 >= 1 (token level, truncated weights).
 
 The combination is the minimiser of a surrogate mean-squared error of the interpolated gradient,
-MSE(alpha) ~ (1 - alpha)^2 |b|^2 + alpha^2 v / N_eff. The squared bias of the uncorrected gradient is
-bounded through Pinsker's inequality in its oscillation form, |E_mu f - E_pi f| <= osc(f) sqrt(KL / 2),
-so |b|^2 ~ S / 2; the extra variance of the truncated IS gradient is v ~ Gamma - 1; and the effective
-number of independent samples is N_eff = rho * N_seq. Hence
+MSE(alpha) ~ (1 - alpha)^2 |b|^2 + alpha^2 v / N_eff. Each sequence contributes a function of all its
+tokens, so the bias of the uncorrected gradient is set by how far the *sequence* distributions differ:
+Pinsker's inequality in its oscillation form, |E_mu f - E_pi f| <= osc(f) sqrt(KL_seq / 2), and the chain
+rule of KL, KL_seq = sum_t E[KL_t] ~ Lbar S (Lbar = tokens per sequence), give |b|^2 ~ Lbar S / 2. The
+extra variance of the truncated IS gradient is v ~ Gamma - 1, and the effective number of independent
+sequences is N_eff = rho * N_seq. Since Lbar N_seq = N_tok, the number of valid tokens in the batch,
 
-    alpha* = (S / 2) / (S / 2 + (Gamma - 1) / (rho N_seq)) = rho N_seq S / (rho N_seq S + 2 (Gamma - 1)),
+    alpha* = (Lbar S / 2) / (Lbar S / 2 + (Gamma - 1) / (rho N_seq)) = rho N_tok S / (rho N_tok S + 2 (Gamma - 1)),
 
 clipped to [0, 1] and 0 when S == 0 (no mismatch: the on-policy gradient is recovered exactly).
-docs/ais.md derives it, lists the variants we measured, and shows the benchmark numbers that chose it
-(benchmarks/estimator.py). An optional EMA across steps smooths alpha: alpha_t = ema * alpha_{t-1} +
+docs/ais.md derives it, lists the variants we measured (the first adopted formula used the per-token S
+in place of Lbar S), and shows the benchmark and training numbers behind the choice (benchmarks/estimator.py,
+aisrl compare). An optional EMA across steps smooths alpha: alpha_t = ema * alpha_{t-1} +
 (1 - ema) * alpha_batch, with the previous value passed in by the caller (the function stays pure).
 """
 
@@ -52,6 +55,7 @@ def ais_diagnostics(b: Batch, cap: float, floor: float = 0.0) -> dict[str, torch
         "divergence_severity": _div(s_k3, n),
         "variance_amplification": gamma.clamp(min=1.0),
         "num_seqs": n_seq,
+        "num_tokens": n,
     }
 
 
@@ -60,10 +64,12 @@ def ais_alpha(
     severity: torch.Tensor,
     amplification: torch.Tensor,
     num_seqs: torch.Tensor,
+    num_tokens: torch.Tensor,
 ) -> torch.Tensor:
-    """Mixing coefficient in [0, 1] from the three diagnostics (see the module docstring)."""
+    """Mixing coefficient in [0, 1] from the three diagnostics and the batch's sequence and valid-token
+    counts (see the module docstring)."""
     n_eff = reliability * num_seqs  # rho * N_seq
-    bias2 = n_eff * severity  # N_eff * S, i.e. 2 N_eff |b|^2
+    bias2 = n_eff * severity * _div(num_tokens, num_seqs)  # N_eff * Lbar * S, i.e. 2 N_eff |b|^2
     alpha = _div(bias2, bias2 + 2.0 * (amplification - 1.0).clamp(min=0.0))
     alpha = torch.where(severity > SEVERITY_EPS, alpha, torch.zeros_like(alpha))
     return alpha.clamp(0.0, 1.0)

@@ -167,7 +167,7 @@ def _ais(
     diag = ais_diagnostics(b, cap, floor)
     batch_alpha = ais_alpha(
         diag["weight_reliability"], diag["divergence_severity"], diag["variance_amplification"],
-        diag.pop("num_seqs"),
+        diag.pop("num_seqs"), diag.pop("num_tokens"),
     )  # fmt: skip
     if alpha is not None and (ema > 0 or prev_alpha is not None):
         raise ValueError("ais: pass either a fixed alpha or ema/prev_alpha smoothing, not both")

@@ -69,21 +69,23 @@ def test_gradient_is_the_interpolation_of_none_and_tis():
 
 
 def test_alpha_range_and_monotonicity():
-    rho, s, gam, n = (torch.tensor(x, dtype=torch.float64) for x in (0.5, 0.01, 1.2, 64.0))
-    base = ais_alpha(rho, s, gam, n)
+    rho, s, gam, n, t = (torch.tensor(x, dtype=torch.float64) for x in (0.5, 1e-3, 1.2, 16.0, 64.0))
+    base = ais_alpha(rho, s, gam, n, t)
     assert 0.0 < base < 1.0
-    assert ais_alpha(rho, s * 4, gam, n) > base  # more severe -> more correction
-    assert ais_alpha(rho, s, gam * 1.5, n) < base  # more variance amplification -> less
-    assert ais_alpha(rho * 0.2, s, gam, n) <= base  # less reliable weights -> no more
-    assert ais_alpha(rho, s, gam, n * 4) > base  # larger batch -> variance matters less
-    assert ais_alpha(rho, torch.zeros((), dtype=torch.float64), gam, n) == 0.0
-    assert ais_alpha(rho, s, torch.ones((), dtype=torch.float64), n) == 1.0  # no variance cost
+    assert ais_alpha(rho, s * 4, gam, n, t) > base  # more severe -> more correction
+    assert ais_alpha(rho, s, gam * 1.5, n, t) < base  # more variance amplification -> less
+    assert ais_alpha(rho * 0.2, s, gam, n, t) <= base  # less reliable weights -> no more
+    assert ais_alpha(rho, s, gam, n * 4, t * 4) > base  # larger batch -> variance matters less
+    assert ais_alpha(rho, s, gam, n, t * 4) > base  # longer sequences drift further -> more correction
+    assert ais_alpha(rho, torch.zeros((), dtype=torch.float64), gam, n, t) == 0.0
+    assert ais_alpha(rho, s, torch.ones((), dtype=torch.float64), n, t) == 1.0  # no variance cost
     grid = torch.tensor([0.0, 1e-6, 1e-3, 0.1, 10.0, 1e6], dtype=torch.float64)
     for s_ in grid:
         for g_ in 1 + grid:
             for r_ in (1e-6, 0.3, 1.0):
-                a = ais_alpha(torch.tensor(r_, dtype=torch.float64), s_, g_, n)
-                assert 0.0 <= a <= 1.0 and math.isfinite(a)
+                for t_ in (0.0, 1.0, 64.0):  # t = 0: an all-padding batch
+                    a = ais_alpha(torch.tensor(r_, dtype=torch.float64), s_, g_, n, torch.tensor(t_).double())
+                    assert 0.0 <= a <= 1.0 and math.isfinite(a)
 
 
 def test_diagnostics_and_alpha_on_a_real_batch_by_hand():
@@ -99,7 +101,8 @@ def test_diagnostics_and_alpha_on_a_real_batch_by_hand():
     torch.testing.assert_close(m["weight_reliability"].double(), rho, rtol=1e-5, atol=0)
     torch.testing.assert_close(m["divergence_severity"].double(), sev, rtol=1e-4, atol=0)
     torch.testing.assert_close(m["variance_amplification"].double(), gam, rtol=1e-5, atol=0)
-    expected = rho * 32 * sev / (rho * 32 * sev + 2 * (gam - 1))  # docs/ais.md, eq. (alpha)
+    lbar = mask.sum() / 32  # tokens per sequence: the sequence KL is Lbar * S (chain rule)
+    expected = rho * 32 * lbar * sev / (rho * 32 * lbar * sev + 2 * (gam - 1))  # docs/ais.md, eq. (alpha)
     torch.testing.assert_close(m["alpha"].double(), expected, rtol=1e-4, atol=0)
     assert 0.0 < m["alpha"] < 1.0
 

@@ -59,7 +59,7 @@ class EstimatorBenchConfig:
     """Truncation cap C for tis / seq_tis / ais."""
     methods: list[str] = field(default_factory=lambda: ["none", "tis", "seq_tis", "icepop", "ais"])
     """Corrections to evaluate (any name in aisrl.correction.CORRECTIONS)."""
-    variants: list[str] = field(default_factory=lambda: ["design", "no_rho", "sqrt_n", "c8", "c16"])
+    variants: list[str] = field(default_factory=lambda: ["c4", "design", "no_rho", "sqrt_n", "c8", "c16"])
     """Alternative alpha formulas (names in aisrl.bench.variants.VARIANTS) scored on the same batches."""
     seed: int = 0
     """Seed of everything."""
@@ -159,21 +159,21 @@ def run_point(cfg: EstimatorBenchConfig, pol: TabularPolicy, sharp: float, stren
     diag = {"oracle_alpha": a_star.item(), "grad_norm2": norm2.item(), "seq_ess": _seq_ess(old - roll),
             "k3_kl": ((old - roll).exp() - 1 - (old - roll)).mean().item()}  # fmt: skip
     if diag_rows:
-        d = torch.tensor(diag_rows, dtype=torch.float64)  # (K, 4)
+        d = torch.tensor(diag_rows, dtype=torch.float64)  # (K, len(DIAG_KEYS))
         alpha = d[:, DIAG_KEYS.index("alpha")]
         # The real AIS gradient must be the exact interpolation at its own alpha.
         assert torch.allclose(grads["ais"], g0 - alpha[:, None] * d01, rtol=1e-4, atol=1e-6 * norm2.sqrt())
         diag["ais_alpha_mean"] = alpha.mean().item()
         cols = {key: d[:, i] for i, key in enumerate(DIAG_KEYS)}
         for vname, fn in cfg_variants(cfg).items():
-            a = fn(cols["weight_reliability"], cols["divergence_severity"],
-                   cols["variance_amplification"], cols["num_seqs"]).clamp(0.0, 1.0)  # fmt: skip
+            a = fn(cols["weight_reliability"], cols["divergence_severity"], cols["variance_amplification"],
+                   cols["num_seqs"], cols["num_tokens"]).clamp(0.0, 1.0)  # fmt: skip
             out[f"variant:{vname}"] = mse(a)
             diag[f"alpha:{vname}"] = a.mean().item()
     return out, diag
 
 
-DIAG_KEYS = ["weight_reliability", "divergence_severity", "variance_amplification", "num_seqs", "alpha"]
+DIAG_KEYS = ["weight_reliability", "divergence_severity", "variance_amplification", "num_seqs", "num_tokens", "alpha"]
 
 
 def cfg_variants(cfg: EstimatorBenchConfig) -> dict:
