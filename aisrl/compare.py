@@ -66,7 +66,8 @@ class CompareConfig:
     only: list[str] = field(default_factory=list)
     """Run only these groups, each 'format/method' or 'reference' (empty = all); aggregation covers all."""
     jobs: int = 1
-    """Runs at a time: 1 = in this process; N > 1 = N subprocesses sharing the cores; 0 = aggregate only."""
+    """Runs at a time: 1 = in this process; N > 1 = N subprocesses sharing the cores; 0 = train nothing,
+    aggregate (finished runs not yet scored are scored first, unless final_samples=0)."""
     out: str = "runs/compare"
     """Study directory (one sub-directory per run; compare.json and compare.png at the top)."""
     collapse_fraction: float = 0.5
@@ -202,11 +203,14 @@ def _evaluate_finals(cfg: CompareConfig, runs: list[Run], max_steps: int, log) -
     if not supported(load_config(cfg.preset, cfg.train)):
         log("compare: final-model scores need full-parameter causal runs (no LoRA, no diffusion); skipped")
         return
-    finished = [r for r in runs if _done(r, cfg, max_steps)]
+    finished = [r for r in runs if (not cfg.only or r.group in cfg.only) and _done(r, cfg, max_steps)]
     for i, run in enumerate(finished, 1):
         if i == 1 or i % 10 == 0:
             log(f"compare: scoring final models, {i}/{len(finished)}")
-        evaluate_final(run.path(cfg.out), load_config(cfg.preset, run.overrides(cfg)), cfg.final_samples)
+        try:
+            evaluate_final(run.path(cfg.out), load_config(cfg.preset, run.overrides(cfg)), cfg.final_samples)
+        except (OSError, ValueError, RuntimeError) as e:  # one broken run must not sink a finished study
+            log(f"compare: could not score {run.group} seed {run.seed} ({e}); its final-model scores stay empty")
 
 
 def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
@@ -268,6 +272,7 @@ def _corr(xs: list, ys: list) -> float | None:
 def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
     """Per group: the seeds' summaries and their mean/std; groups without finished runs are listed as missing."""
     from aisrl.bench.report import machine
+    from aisrl.final_eval import cached_scores
 
     groups: dict[str, dict] = {}
     for run in runs:
@@ -275,8 +280,8 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
         rows = _rows(run.path(cfg.out))
         if rows and rows[-1]["step"] >= max_steps:
             g["runs"][str(run.seed)] = summarize_run(rows[:max_steps], cfg.collapse_fraction)
-            final = run.path(cfg.out) / "final_eval.json"
-            g["runs"][str(run.seed)].update(json.loads(final.read_text()) if final.exists() else {})
+            if cfg.final_samples > 0:  # only scores of this checkpoint and these settings
+                g["runs"][str(run.seed)].update(cached_scores(run.path(cfg.out), cfg.final_samples) or {})
         else:
             g["missing"].append(run.seed)
     for g in groups.values():

@@ -56,8 +56,9 @@ def final_table(result: dict) -> str:
     for g in result["groups"].values():
         if g.get("policy_reward", (None,))[0] is None:
             continue
-        lines.append(f"| {'full precision' if g['format'] == 'none' else g['format']} | {g['method']} "
-                     f"| {len(g['runs'])} | {_pm(g['policy_reward'], 1, 3)} | {_pm(g['policy_vs_reference'], 1, 3)} "
+        scored = sum("policy_reward" in r for r in g["runs"].values())  # runs without scores are not counted
+        lines.append(f"| {'full precision' if g['format'] == 'none' else g['format']} | {g['method']} | {scored} "
+                     f"| {_pm(g['policy_reward'], 1, 3)} | {_pm(g['policy_vs_reference'], 1, 3)} "
                      f"| {_pm(g['sampler_reward'], 1, 3)} | {_pm(g['held_accuracy'])} |")  # fmt: skip
     return "\n".join(lines) if len(lines) > 2 else ""
 

@@ -17,8 +17,8 @@ This module scores the final checkpoint of a run in three ways, each on many sam
   set its greedy accuracy is measured on), `held_samples` completions each.
 Sampling seeds do not depend on the run, so two runs of a seed are compared on the same prompts and the
 same uniform draws (common random numbers): their difference has less noise than either number.
-Results are cached in `<run>/final_eval.json` with the settings that produced them (and a hash of the
-weights, so a run trained again from scratch is scored again).
+Results are cached in `<run>/final_eval.json` with the settings that produced them: hashes of the weights
+and of the run's configuration, so a run trained again, or scored under other settings, is scored again.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -47,6 +48,40 @@ def _rewards(policy, model, task, tok, encode, problems: list, samples: int, kv_
     return out
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):  # streamed: a large checkpoint never sits in memory
+            h.update(block)
+    return h.hexdigest()
+
+
+def _settings(checkpoint: str, digest: str, cfg, samples: int, held_samples: int) -> dict:
+    """What a cached score depends on: the weights, the evaluation's sizes and seeds, and the run's
+    configuration (sampling parameters, task, pools, rollout format; everything but its directory)."""
+    run = {k: v for k, v in asdict(cfg).items() if k != "output_dir"}
+    run_hash = hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return {"checkpoint": checkpoint, "weights_sha256": digest, "config_sha256": run_hash, "samples": samples,
+            "held_samples": held_samples, "seed_base": SEED_BASE}  # fmt: skip
+
+
+def cached_scores(run_dir: str | Path, samples: int) -> dict | None:
+    """The cached scores of `run_dir` if they belong to its latest checkpoint and to `samples` (no hashing:
+    for aggregation, where `evaluate_final` has just refreshed every score it could)."""
+    from aisrl.checkpoint import latest_checkpoint
+
+    cache = Path(run_dir) / "final_eval.json"
+    try:
+        ckpt = latest_checkpoint(run_dir)
+    except FileNotFoundError:
+        return None
+    if ckpt is None or not cache.exists():
+        return None
+    scores = json.loads(cache.read_text())
+    ok = scores.get("settings", {}).get("checkpoint") == ckpt.name and scores["settings"].get("samples") == samples
+    return scores if ok else None
+
+
 def supported(cfg) -> bool:
     """Full-parameter causal runs; a LoRA checkpoint holds adapters, and diffusion samples differently."""
     return cfg.lora.r == 0 and cfg.model.kind == "causal"
@@ -65,9 +100,7 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
     if ckpt is None:
         raise FileNotFoundError(f"{run_dir} has no checkpoint to evaluate; train it first")
     weights = ckpt / "model.safetensors"
-    digest = hashlib.sha256(weights.read_bytes()).hexdigest()  # a re-trained run with the same step name is new
-    settings = {"checkpoint": ckpt.name, "weights_sha256": digest, "samples": samples, "held_samples": held_samples,
-                "seed_base": SEED_BASE}  # fmt: skip
+    settings = _settings(ckpt.name, _sha256(weights), cfg, samples, held_samples)
     cache = run_dir / "final_eval.json"
     if cache.exists():
         cached = json.loads(cache.read_text())

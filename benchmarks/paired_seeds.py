@@ -38,8 +38,13 @@ def score(run: Path, steps: int, metric: str) -> float | None:
         return None
     if metric == "reward":
         return last_fifth_reward(run / "metrics.jsonl", steps)
-    final = run / "final_eval.json"
-    return json.loads(final.read_text()).get(metric) if final.exists() else None
+    final, pointer = run / "final_eval.json", run / "checkpoints" / "latest"
+    if not final.exists():
+        return None
+    scores = json.loads(final.read_text())
+    if pointer.exists() and scores.get("settings", {}).get("checkpoint") != pointer.read_text().strip():
+        return None  # scores of an earlier checkpoint: the run went on after it was scored
+    return scores.get(metric)
 
 
 def collect(dirs: list[Path], kind: str, steps: int, metric: str = "reward") -> dict[int, float]:
@@ -58,9 +63,14 @@ def summary(values: list[float]) -> dict:
     n = len(values)
     if n == 0:  # e.g. no run of a method has the asked-for final-model score yet
         return {"n": 0, "mean": None, "std": None, "se": None, "positive": 0}
-    sd = statistics.stdev(values) if n > 1 else float("nan")
+    sd = statistics.stdev(values) if n > 1 else None  # one seed has no spread
     positive = sum(v > 0 for v in values)
-    return {"n": n, "mean": statistics.mean(values), "std": sd, "se": sd / n**0.5, "positive": positive}
+    return {"n": n, "mean": statistics.mean(values), "std": sd, "se": None if sd is None else sd / n**0.5,
+            "positive": positive}  # fmt: skip
+
+
+def _spread(s: dict) -> str:
+    return "one seed, no spread" if s["std"] is None else f"± {s['std']:.3f}, SE {s['se']:.3f}"
 
 
 def main(dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metric: str = "reward") -> dict:
@@ -79,15 +89,14 @@ def main(dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metri
         if not s["n"]:
             print(f"{m:>8}: no finished run with a {metric} paired with a full-precision one")
             continue
-        print(f"{m:>8} - full precision: {s['mean']:+.3f} ± {s['std']:.3f} (SE {s['se']:.3f}, {s['n']} seeds)")
+        print(f"{m:>8} - full precision: {s['mean']:+.3f} ({_spread(s)}; {s['n']} seeds)")
     for i, a in enumerate(methods):
         for b in methods[i + 1 :]:
             common = sorted(set(delta[a]) & set(delta[b]))
             s = summary([delta[b][k] - delta[a][k] for k in common])
             result["pairs"][f"{b}-{a}"] = {**s, "seeds": common}
             if s["n"]:
-                print(f"{b:>8} - {a}: {s['mean']:+.3f} ± {s['std']:.3f} (SE {s['se']:.3f}); {b} higher on "
-                      f"{s['positive']}/{s['n']} seeds")  # fmt: skip
+                print(f"{b:>8} - {a}: {s['mean']:+.3f} ({_spread(s)}); {b} higher on {s['positive']}/{s['n']} seeds")
     write_json(ROOT / f"benchmarks/results/paired_{fmt}{'' if metric == 'reward' else '_' + metric}.json", result)
     return result
 

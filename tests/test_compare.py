@@ -94,6 +94,29 @@ def test_summaries_and_aggregation_match_hand_computed_values(tmp_path):
     assert "mxfp4" not in table({"groups": {"mxfp4/tis": g}})  # groups without runs get no row
 
 
+def test_only_current_final_scores_are_aggregated(tmp_path):
+    cfg = CompareConfig(methods=["tis"], formats=["mxfp4"], seeds=[0, 1, 2], reference=False, out=str(tmp_path))
+    for seed, scored_step in ((0, 10), (1, 8), (2, None)):  # seed 1's scores are of an earlier checkpoint
+        d = Run("mxfp4", "tis", seed).path(tmp_path)
+        (d / "checkpoints" / "step_000010").mkdir(parents=True)
+        (d / "checkpoints" / "step_000010" / "model.safetensors").write_bytes(b"")
+        (d / "checkpoints" / "step_000010" / "state.pt").write_bytes(b"")
+        (d / "checkpoints" / "latest").write_text("step_000010")
+        rows = _fake_rows([0.5] * 10, {10: 0.3}, 0.2, [0.1] * 10)
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        if scored_step is not None:
+            settings = {"checkpoint": f"step_{scored_step:06d}", "samples": 4}
+            scores = {"settings": settings, "policy_reward": 0.7 + seed / 10, "sampler_reward": 0.6,
+                      "held_reward": 0.5, "held_accuracy": 0.1}  # fmt: skip
+            (d / "final_eval.json").write_text(json.dumps(scores))
+    g = aggregate(cfg, plan(cfg), max_steps=10)["groups"]["mxfp4/tis"]
+    assert "policy_reward" in g["runs"]["0"] and "policy_reward" not in g["runs"]["1"]
+    assert g["policy_reward"] == (0.7, 0.0)  # seed 0 alone; seeds 1 (stale) and 2 (unscored) left out
+    assert "| mxfp4 | tis | 1 |" in final_table(aggregate(cfg, plan(cfg), max_steps=10))
+    other = CompareConfig(**{**cfg.__dict__, "final_samples": 8})  # scores of other settings do not count
+    assert aggregate(other, plan(other), max_steps=10)["groups"]["mxfp4/tis"]["policy_reward"] == (None, None)
+
+
 def test_publish_writes_results_and_benchmarks_section(tmp_path):
     cfg = CompareConfig(methods=["none"], formats=["int4"], seeds=[0], reference=False, out=str(tmp_path / "s"))
     d = Run("int4", "none", 0).path(cfg.out)
@@ -204,5 +227,12 @@ def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch)
     assert tis["seeds"] == [0, 1] and abs(tis["mean"] - (-0.05 + 0.02) / 2) < 1e-12
     assert out["vs_full_precision"]["none"]["n"] == 0 and out["metric"] == "policy_reward"
     assert (tmp_path / "benchmarks/results/paired_fmt_policy_reward.json").exists()
+    stale = tmp_path / "b" / "fmt/tis" / "seed1"  # trained on after it was scored: its score no longer counts
+    (stale / "checkpoints").mkdir()
+    (stale / "checkpoints" / "latest").write_text("step_000010")
+    old_scores = {"settings": {"checkpoint": "step_000008"}, "policy_reward": 0.72}
+    (stale / "final_eval.json").write_text(json.dumps(old_scores))
+    out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["tis"], steps=10, metric="policy_reward")
+    assert out["vs_full_precision"]["tis"]["seeds"] == [0] and out["vs_full_precision"]["tis"]["std"] is None
     with pytest.raises(ValueError, match="unknown metric 'acc'; choose from"):
         mod.main([tmp_path / "a"], "fmt", ["tis"], steps=10, metric="acc")

@@ -1,5 +1,6 @@
 """Final-model scoring (aisrl.final_eval): the right weights, prompts and sampler are scored; results cache."""
 
+import dataclasses
 import json
 
 import pytest
@@ -61,6 +62,10 @@ def test_cached_until_the_weights_or_settings_change(tmp_path, monkeypatch):
     monkeypatch.setattr(fe, "_rewards", lambda *a, **k: [(1.0, True)])
     assert fe.evaluate_final(cfg.output_dir, cfg, samples=1, held_samples=1) == first  # cached
     assert fe.evaluate_final(cfg.output_dir, cfg, samples=2, held_samples=1)["policy_reward"] == 1.0  # new settings
+    monkeypatch.setattr(fe, "_rewards", lambda *a, **k: [(0.5, False)])
+    hotter = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, temperature=0.5))
+    assert fe.evaluate_final(cfg.output_dir, hotter, samples=2, held_samples=1)["policy_reward"] == 0.5  # new config
+    monkeypatch.setattr(fe, "_rewards", lambda *a, **k: [(1.0, True)])
     path = latest_checkpoint(cfg.output_dir) / "model.safetensors"
     state = load_file(path)
     save_file({k: v * 0 for k, v in state.items()}, path)  # the run re-trained: same step name, new weights
@@ -72,3 +77,31 @@ def test_a_run_without_checkpoint_is_an_error(tmp_path):
     cfg = load_config("lab", [*TINY_LAB, f"output_dir={tmp_path}"])
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         fe.evaluate_final(tmp_path, cfg)
+
+
+def test_every_run_is_scored_on_the_same_draws_in_bounded_chunks():
+    from types import SimpleNamespace
+
+    class Recorder:  # a policy that records what it is asked to sample, and completes with the prompt itself
+        def __init__(self):
+            self.calls = []
+
+        def sample(self, model, prompts, seeds, step, kv_fp8):
+            self.calls.append((model, len(prompts), seeds, kv_fp8))
+            ids = torch.tensor([[len(p)] for p in prompts])
+            return SimpleNamespace(completion_ids=ids, completion_mask=torch.ones_like(ids, dtype=torch.bool))
+
+    class Task:
+        def reward(self, text, problem):
+            return (float(text == str(len(problem))), text == str(len(problem)))
+
+    tok = SimpleNamespace(decode=lambda ids, skip_special_tokens: str(ids[0]))
+    problems = ["a" * (i % 7 + 1) for i in range(150)]  # 150 prompts x 4 samples: chunks of 512 and 88
+    out = {}
+    for model in ("model", "its quantised copy"):
+        rec = Recorder()
+        out[model] = fe._rewards(rec, model, Task(), tok, lambda p: list(p), problems, 4, kv_fp8=True)
+        assert [c[1] for c in rec.calls] == [512, 88] and all(c[0] == model and c[3] for c in rec.calls)
+        seeds = [s for c in rec.calls for s in c[2]]
+        assert seeds == [fe.SEED_BASE + i for i in range(600)]  # independent of the run and of the chunking
+    assert out["model"] == out["its quantised copy"] == [(1.0, True)] * 600  # each completion scored with its problem
