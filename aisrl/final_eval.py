@@ -93,7 +93,7 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
     (`cfg.eval_problems`; the lab's arithmetic has about 100 of them, hence more samples of each)."""
     from aisrl.checkpoint import latest_checkpoint
     from aisrl.lora import merged_state
-    from aisrl.trainer import _eval_mode, _rollout_model, build, make_policy, resolve_device
+    from aisrl.trainer import _eval_mode, _rollout_model, build, make_policy, problem_sets, resolve_device
 
     run_dir = Path(run_dir)
     ckpt = latest_checkpoint(run_dir)
@@ -116,8 +116,7 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
     model.load_state_dict(load_file(weights))
     model.to(device)
     policy = make_policy(cfg, tok, model)
-    pool = task.problems("train", cfg.train_problems, seed=cfg.seed)
-    held = task.problems("test", cfg.eval_problems, seed=cfg.seed + 1)  # the run's own held-out set
+    pool, held = problem_sets(cfg, task)  # the run's own training pool and held-out set
     with torch.no_grad(), _eval_mode(model):
         trained = _rewards(policy, model, task, tok, encode, pool, samples)
         if cfg.rollout.quant == "none":

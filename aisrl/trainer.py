@@ -120,6 +120,12 @@ def make_policy(cfg: TrainConfig, tok, model=None):
     return CausalPolicy(params, pad, tok.eos_token_id, cfg.micro_batch, tok)
 
 
+def problem_sets(cfg: TrainConfig, task) -> tuple[list, list]:
+    """(training pool, held-out set) of a run: fixed by its seed, so every consumer sees the same problems."""
+    return task.problems("train", cfg.train_problems, seed=cfg.seed), task.problems(
+        "test", cfg.eval_problems, seed=cfg.seed + 1)  # fmt: skip
+
+
 def completion_texts(tok, r) -> list[str]:
     """Decoded completions without special tokens (the EOS that ends a completion is not part of the answer)."""
     return [tok.decode(r.completion_ids[i][r.completion_mask[i]].tolist(), skip_special_tokens=True)
@@ -247,8 +253,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
     opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
     policy = make_policy(cfg, tok, model)
-    pool = task.problems("train", cfg.train_problems, seed=cfg.seed)
-    held = task.problems("test", cfg.eval_problems, seed=cfg.seed + 1)
+    pool, held = problem_sets(cfg, task)
     fit = pool[: cfg.eval_problems]  # training prompts: how well RL fits what it trains on, next to held-out
 
     def evaluations(suffix: str = "") -> dict:
@@ -352,9 +357,7 @@ def _rollout_model(cfg: TrainConfig, model, device, task, encode):
     if cfg.rollout.engine == "static":
         from aisrl.engine import Engine
 
-        prompts = task.problems("train", cfg.train_problems, seed=cfg.seed) + task.problems(
-            "test", cfg.eval_problems, seed=cfg.seed + 1)  # fmt: skip
-        width = max(len(encode(p)) for p in prompts)
+        width = max(len(encode(p)) for p in sum(problem_sets(cfg, task), []))
         engine = Engine(model, cfg.rollout.quant, max_len=width + cfg.rollout.max_new_tokens, device=device)
         return engine, engine.sync
     rollout = copy.deepcopy(model).eval()
