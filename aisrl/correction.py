@@ -12,6 +12,8 @@ G = exp(mean_t delta) (geometric):
 - none:      weights 1.
 - tis:       clip(w, floor, cap)                      truncated IS (Espeholt et al. 2018; FlashRL TIS).
 - seq_tis:   clip(W, floor, cap) for every token of the sequence.
+- prefix_tis: clip(prod_{s<=t} w_s, floor, cap) for token t: per-decision IS (Precup et al. 2000), which
+             corrects the distribution of the token and of its context but not of the tokens after it.
 - geo_tis:   clip(G, floor, cap) for every token of the sequence (length-normalised).
 - icepop:    w inside the band [low, high], token masked outside (IcePop / token MIS).
 - seq_mask:  reject sequences whose W leaves [low, high].
@@ -89,6 +91,14 @@ def _seq_level(b: Batch, log_v: torch.Tensor, cap: float, floor: float):
 
 def _seq_tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
     return _seq_level(b, b.seq_log_w, cap, floor)
+
+
+def _prefix_tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
+    _check_cap(cap, floor)
+    log_v = b.delta.cumsum(-1)  # (N, T): delta is 0 on masked tokens, so this sums the counted prefix
+    v = torch.exp(log_v.clamp(max=math.log(cap)))  # (N, T) <= cap, never inf
+    clipped = b.mask & ((log_v > math.log(cap)) | (v < floor))
+    return v.clamp(min=floor), b.mask, clipped, {}
 
 
 def _geo_mean_log(b: Batch) -> torch.Tensor:
@@ -194,6 +204,7 @@ CORRECTIONS: dict[str, Rule] = {
     "none": _none,
     "tis": _tis,
     "seq_tis": _seq_tis,
+    "prefix_tis": _prefix_tis,
     "geo_tis": _geo_tis,
     "icepop": _icepop,
     "seq_mask": _seq_mask,

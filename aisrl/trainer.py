@@ -177,7 +177,7 @@ def validate(cfg: TrainConfig) -> None:
 
 def _correction_options(cfg: TrainConfig, prev_alpha):
     name, opts = cfg.correction.name, {}
-    if name in ("tis", "seq_tis", "geo_tis", "ais"):
+    if name in ("tis", "seq_tis", "prefix_tis", "geo_tis", "ais"):
         opts["cap"] = cfg.correction.cap
     if name == "ais" and cfg.correction.ema > 0:
         opts.update(ema=cfg.correction.ema, prev_alpha=prev_alpha)

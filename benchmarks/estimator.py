@@ -2,12 +2,13 @@
 `estimator` section of BENCHMARKS.md.
 
     python benchmarks/estimator.py [key=value ...]     # e.g. seed=1 groups=4 group_size=4
+    python benchmarks/estimator.py policy=markov length=24 groups=32 group_size=8 horizons=[1,10,100]
 """
 
 import sys
 from pathlib import Path
 
-from aisrl.bench.estimator import EstimatorBenchConfig, main, markdown
+from aisrl.bench.estimator import EstimatorBenchConfig, horizon_markdown, main, markdown
 from aisrl.bench.report import update_section
 from aisrl.config import apply_overrides
 
@@ -16,7 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if __name__ == "__main__":
     cfg = apply_overrides(EstimatorBenchConfig(), sys.argv[1:])
     n = cfg.groups * cfg.group_size
-    result = main(cfg, str(ROOT / f"benchmarks/results/estimator_N{n}.json"))
+    tag = f"N{n}" if cfg.policy == "tabular" else f"{cfg.policy}_L{cfg.length}_N{n}"
+    result = main(cfg, str(ROOT / f"benchmarks/results/estimator_{tag}.json"))
     m = result["machine"]
     c = result["config"]
     cmd = "python benchmarks/estimator.py" + "".join(f" {a}" for a in sys.argv[1:])
@@ -27,7 +29,14 @@ if __name__ == "__main__":
         f"{c['batches']} batches x {c['instances']} random instances per point. Relative gradient MSE "
         f"E|g_hat - g|^2 / |g|^2 (lower is better; bold = best non-oracle).\n\n" + markdown(result)
     )
+    if cfg.policy != "tabular" or len(cfg.horizons) > 1:
+        body += "\n\n" + horizon_markdown(result)
     n = c["groups"] * c["group_size"]
     default = EstimatorBenchConfig()
-    section = "estimator" if n == default.groups * default.group_size else f"estimator_N{n}"
-    update_section(ROOT / "BENCHMARKS.md", section, f"### Batch N = {n}\n\n" + body)
+    if cfg.policy == "tabular":
+        section = "estimator" if n == default.groups * default.group_size else f"estimator_N{n}"
+        title = f"### Batch N = {n}"
+    else:
+        section = f"estimator_{tag}"
+        title = f"### {cfg.policy} policy, L = {cfg.length}, batch N = {n}"
+    update_section(ROOT / "BENCHMARKS.md", section, f"{title}\n\n" + body)

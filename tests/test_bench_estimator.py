@@ -1,12 +1,19 @@
 """The estimator benchmark measures what it claims: exact gradient, unbiased on-policy estimate, oracle."""
 
+import itertools
+
+import pytest
 import torch
 
 from aisrl.bench.estimator import (
     EstimatorBenchConfig,
+    MarkovPolicy,
     TabularPolicy,
     _batch_gradients,
+    _bias_variance,
     _instance,
+    _oracle_at_horizon,
+    horizon_markdown,
     run,
     run_point,
 )
@@ -45,7 +52,7 @@ def test_on_policy_estimate_is_unbiased():
     idx = torch.multinomial(logp.sum(-1).exp().float().expand(K, -1), B * G, replacement=True, generator=gen)
     r = reward[idx].view(K, B, G)
     adv = (r - (r.sum(-1, keepdim=True) - r) / (G - 1)).view(K, B * G)
-    g = _batch_gradients(pol, theta, idx, adv[..., None].expand(K, B * G, 3).clone())
+    g = _batch_gradients(theta, pol.rows[idx], pol.seqs[idx], adv[..., None].expand(K, B * G, 3).clone())
     err = (g.mean(0) - grad).norm() / grad.norm()
     sem = g.std(0).norm() / K**0.5 / grad.norm()  # standard error of the mean, relative
     assert err < 4 * sem and err < 0.1
@@ -68,3 +75,98 @@ def test_run_summary_and_markdown():
     assert s["ais_over_oracle_mean"] >= 1.0 - 1e-9
     table = markdown(result)
     assert "| 1.0 | 0.3 |" in table and "mean MSE / MSE(oracle alpha*)" in table
+
+
+def _markov_count_dist_by_enumeration(pol: MarkovPolicy, theta: torch.Tensor) -> torch.Tensor:
+    lp = theta.log_softmax(-1)
+    dist = torch.zeros(pol.L + 1, dtype=torch.float64)
+    for seq in itertools.product(range(pol.V), repeat=pol.L):
+        prev, logp = pol.V, 0.0
+        for t, y in enumerate(seq):
+            logp += lp[t * (pol.V + 1) + prev, y]
+            prev = y
+        dist[sum(y == 0 for y in seq)] += logp.exp()
+    return dist
+
+
+def test_markov_recursion_matches_enumeration():
+    pol = MarkovPolicy(3, 4)
+    theta = torch.randn(pol.num_rows, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(pol._count_dist(theta), _markov_count_dist_by_enumeration(pol, theta))
+
+
+def test_markov_exact_gradient_matches_finite_differences():
+    cfg = EstimatorBenchConfig(vocab=3, length=5, batches=2, groups=2, group_size=2, policy="markov")
+    pol = MarkovPolicy(3, 5)
+    d = pol.draw(cfg, 1.0, 0.3, torch.Generator().manual_seed(3))
+    tails = pol._count_dist(d.theta).flip(0).cumsum(0).flip(0)  # J = P(count >= k) for the draw's k
+    k = int((tails - cfg.reward_p).abs().argmin())
+    eps = 1e-6
+    for i in (0, 7, 22, 40):
+        e = torch.zeros_like(d.theta).view(-1)
+        e[i] = eps
+        hi = pol._count_dist(d.theta + e.view_as(d.theta))[k:].sum()
+        lo = pol._count_dist(d.theta - e.view_as(d.theta))[k:].sum()
+        assert abs((hi - lo) / (2 * eps) - d.grad[i]) < 1e-7
+
+
+def test_markov_samples_follow_mu_and_on_policy_estimate_is_unbiased():
+    K, B, G, L = 3000, 4, 4, 4
+    cfg = EstimatorBenchConfig(vocab=3, length=L, batches=K, groups=B, group_size=G, policy="markov")
+    pol = MarkovPolicy(3, L)
+    d = pol.draw(cfg, 1.0, 0.0, torch.Generator().manual_seed(1))
+    assert torch.equal(d.old, d.roll)  # strength 0: mu = pi
+    # the rewarded fraction of the samples estimates J = P_pi(count >= k)
+    tails = pol._count_dist(d.theta).flip(0).cumsum(0).flip(0)
+    k = int((tails - cfg.reward_p).abs().argmin())
+    assert abs(d.reward.mean() - tails[k]) < 4 * (tails[k] * (1 - tails[k]) / (K * B * G)) ** 0.5
+    r = d.reward.view(K, B, G)
+    adv = (r - (r.sum(-1, keepdim=True) - r) / (G - 1)).view(K, B * G)
+    g = _batch_gradients(d.theta, d.rows, d.toks, adv[..., None].expand(K, B * G, L).clone())
+    err = (g.mean(0) - d.grad).norm() / d.grad.norm()
+    sem = g.std(0).norm() / K**0.5 / d.grad.norm()
+    assert err < 4 * sem and err < 0.1
+
+
+def test_bias_variance_split_adds_up_to_the_mse():
+    gen = torch.Generator().manual_seed(4)
+    grad = torch.randn(6, dtype=torch.float64, generator=gen)
+    g = grad + 0.3 + torch.randn(50, 6, dtype=torch.float64, generator=gen)  # bias 0.3 per coordinate
+    bias2, var = _bias_variance(g, grad)
+    mse = (g - grad).pow(2).sum(-1).mean().item()
+    assert mse == pytest.approx(bias2 + var)  # so h = 1 is the per-batch MSE the headline table reports
+    assert var == pytest.approx(6.0, rel=0.3) and bias2 == pytest.approx(6 * 0.09, abs=0.4)
+
+
+def test_oracle_at_horizon_beats_both_end_points_and_shrinks_with_h():
+    gen = torch.Generator().manual_seed(5)
+    d0 = 0.5 + torch.randn(80, 4, dtype=torch.float64, generator=gen)  # none: biased, less noisy
+    d01 = d0 - 1.5 * torch.randn(80, 4, dtype=torch.float64, generator=gen)  # tis = d0 - d01: unbiased, noisy
+
+    def at(a, h):
+        e = d0 - a * d01
+        b2, v = _bias_variance(e, torch.zeros(4, dtype=torch.float64))
+        return b2 + v / h
+
+    for h in (1, 10, 100):
+        best = _oracle_at_horizon(d0, d01, h)
+        assert best <= min(at(0.0, h), at(1.0, h)) + 1e-12
+        grid = min(at(a / 200, h) for a in range(201))
+        assert best == pytest.approx(grid, rel=1e-3, abs=1e-9)
+    assert _oracle_at_horizon(d0, d01, 100) < _oracle_at_horizon(d0, d01, 1)
+
+
+def test_markov_run_reports_every_horizon():
+    cfg = EstimatorBenchConfig(vocab=3, length=6, groups=2, group_size=4, batches=10, instances=1,
+                               strengths=[0.3], sharpness=[1.0], policy="markov", horizons=[1, 10],
+                               methods=["none", "tis", "prefix_tis", "ais"], variants=["c4"])  # fmt: skip
+    result = run(cfg)
+    p = result["points"][0]
+    assert {"bias2:prefix_tis", "var:ais", "oracle@10"} <= set(p) and "oracle@1" not in p
+    text = horizon_markdown(result)
+    assert "MSE over h = 10 steps" in text and "Squared bias alone" in text and "| 1.0 | 0.3 |" in text
+
+
+def test_unknown_policy_lists_the_valid_ones():
+    with pytest.raises(ValueError, match=r"unknown policy 'hmm'; choose from \['markov', 'tabular'\]"):
+        run(EstimatorBenchConfig(policy="hmm"))

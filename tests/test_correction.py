@@ -69,6 +69,23 @@ def test_seq_tis(batch):
     close(res.metrics["clip_frac_seq"], 1 / 2)
 
 
+def test_prefix_tis_weights_each_token_by_its_prefix(batch):
+    # A: prefixes 2.5, 2.5 * 0.4 = 1, 1 * 1 = 1; B: 4, 4 * 1.5 = 6, both capped; the padding slot stays 0
+    res = correct("prefix_tis", *batch, cap=3.0)
+    close(res.weights, [[2.5, 1.0, 1.0], [3.0, 3.0, 0.0]])
+    close(res.metrics["clip_frac_token"], 2 / 5)
+    close(correct("prefix_tis", *batch, cap=3.0, floor=1.2).weights, [[2.5, 1.2, 1.2], [3.0, 3.0, 0.0]])
+
+
+def test_prefix_tis_skips_masked_tokens_and_survives_extremes():
+    old = torch.tensor([[0.0, -1e3, 0.0, 0.0]])
+    roll = torch.tensor([[-math.log(1.5), 0.0, -1e3, -math.log(0.5)]])
+    mask = torch.tensor([[True, False, True, True]])  # the -1e3 at slot 1 is not counted
+    res = correct("prefix_tis", old, roll, mask, cap=2.0)
+    close(res.weights, [[1.5, 0.0, 2.0, 2.0]])  # a huge ratio is capped, never inf or NaN
+    assert torch.isfinite(res.weights).all()
+
+
 def test_geo_tis(batch):
     g = math.sqrt(6.0)
     close(correct("geo_tis", *batch, cap=3.0).weights, [[1, 1, 1], [g, g, 0]])

@@ -29,6 +29,7 @@ import itertools
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -63,6 +64,24 @@ class EstimatorBenchConfig:
     """Alternative alpha formulas (names in aisrl.bench.variants.VARIANTS) scored on the same batches."""
     seed: int = 0
     """Seed of everything."""
+    horizons: list[int] = field(default_factory=lambda: [1])
+    """Steps h over which gradient noise averages out: the MSE at h is bias^2 + variance / h (h = 1 is
+    one step's MSE, the headline); each h adds the oracle interpolation at that horizon ('oracle@h')."""
+    policy: str = "tabular"
+    """Test policy: 'tabular' (all V^L sequences enumerated, a random reward per sequence; short L) or
+    'markov' (first-order Markov, reward for at least k tokens 0, exact gradient by recursion; any L)."""
+
+
+class Draw(NamedTuple):
+    """One instance and its K sampled batches, as the estimator sees them."""
+
+    theta: torch.Tensor  # (P, V) logits of pi, one row per prefix state
+    rows: torch.Tensor  # (K, N, L) prefix-state row of each sampled token
+    toks: torch.Tensor  # (K, N, L) sampled tokens
+    old: torch.Tensor  # (K, N, L) float32 log pi of each sampled token
+    roll: torch.Tensor  # (K, N, L) float32 log mu of each sampled token
+    reward: torch.Tensor  # (K, N) float64 rewards of the sampled sequences
+    grad: torch.Tensor  # (P * V,) exact gradient of J = E_pi[R]
 
 
 class TabularPolicy:
@@ -85,6 +104,76 @@ class TabularPolicy:
         lp = logits.log_softmax(-1)  # (P, V)
         return lp[self.rows, self.seqs]
 
+    def draw(self, cfg: EstimatorBenchConfig, sharp: float, strength: float, gen) -> Draw:
+        """A random instance and cfg.batches batches of N sequences sampled from its mu."""
+        theta, logp_pi, logp_mu, reward, grad = _instance(cfg, self, sharp, strength, gen)
+        mu_seq = logp_mu.sum(-1).exp()  # (S,)
+        K, N = cfg.batches, cfg.groups * cfg.group_size
+        idx = torch.multinomial(mu_seq.float().expand(K, -1), N, replacement=True, generator=gen)  # (K, N)
+        old, roll = logp_pi[idx].float(), logp_mu[idx].float()  # (K, N, L)
+        return Draw(theta, self.rows[idx], self.seqs[idx], old, roll, reward[idx], grad)
+
+
+class MarkovPolicy:
+    """A first-order Markov policy over long sequences, whose exact gradient comes from dynamic programming.
+
+    Token t is drawn from softmax(theta[row(t, y_{t-1})]), one row per (position, previous token), with a
+    start symbol V before the first token. The reward is 1 when at least k of the L tokens are token 0 ("k
+    steps right"), k chosen per instance so that P_pi(R = 1) is as close as possible to cfg.reward_p; it
+    couples every token of a sequence, as a final-answer reward does. J = P_pi(count >= k) is computed
+    exactly by a forward recursion over (previous token, count), so L can be as long as real completions.
+    """
+
+    def __init__(self, vocab: int, length: int):
+        self.V, self.L = vocab, length
+        self.num_rows = length * (vocab + 1)
+
+    def _count_dist(self, theta: torch.Tensor) -> torch.Tensor:
+        """(L+1,) distribution of the number of 0 tokens under softmax(theta); differentiable."""
+        V, L = self.V, self.L
+        probs = theta.softmax(-1).view(L, V + 1, V)  # (L, prev, next)
+        state = torch.zeros(V + 1, L + 1, dtype=theta.dtype)  # (prev, count)
+        state[V, 0] = 1.0
+        for t in range(L):
+            nxt = torch.einsum("pc,py->yc", state, probs[t])  # (V, L+1) before counting token 0
+            zero = torch.cat([nxt.new_zeros(1, 1), nxt[:1, :-1]], dim=1)  # token 0 adds one to the count
+            state = torch.cat([zero, nxt[1:], nxt.new_zeros(1, L + 1)])  # the start row stays empty
+        return state.sum(0)
+
+    def _sample(self, logits: torch.Tensor, n: int, gen) -> tuple[torch.Tensor, torch.Tensor]:
+        """n sequences from softmax(logits) -> (n, L) rows and tokens."""
+        V = self.V
+        probs = logits.softmax(-1).float()  # (P, V)
+        rows = torch.empty(n, self.L, dtype=torch.long)
+        toks = torch.empty(n, self.L, dtype=torch.long)
+        prev = torch.full((n,), V, dtype=torch.long)
+        for t in range(self.L):
+            rows[:, t] = t * (V + 1) + prev
+            toks[:, t] = prev = torch.multinomial(probs[rows[:, t]], 1, generator=gen).squeeze(-1)
+        return rows, toks
+
+    def draw(self, cfg: EstimatorBenchConfig, sharp: float, strength: float, gen) -> Draw:
+        """A random instance and cfg.batches batches of N sequences sampled from its mu."""
+        z = torch.randn(self.num_rows, self.V, generator=gen, dtype=torch.float64)
+        eps = torch.randn(self.num_rows, self.V, generator=gen, dtype=torch.float64)
+        theta = (sharp * z).requires_grad_(True)
+        dist = self._count_dist(theta)  # (L+1,)
+        tail = dist.flip(0).cumsum(0).flip(0)  # (L+1,) P(count >= k)
+        k = int((tail.detach() - cfg.reward_p).abs().argmin())
+        (grad,) = torch.autograd.grad(tail[k], theta)  # exact dJ/dtheta
+        theta = theta.detach()
+        K, N = cfg.batches, cfg.groups * cfg.group_size
+        rows, toks = self._sample(theta + strength * eps, K * N, gen)  # (K*N, L)
+        old = theta.log_softmax(-1)[rows, toks]  # (K*N, L)
+        roll = (theta + strength * eps).log_softmax(-1)[rows, toks]
+        reward = ((toks == 0).sum(-1) >= k).double()  # (K*N,)
+        shape = (K, N, self.L)
+        return Draw(theta, rows.view(shape), toks.view(shape), old.float().view(shape), roll.float().view(shape),
+                    reward.view(K, N), grad.reshape(-1))  # fmt: skip
+
+
+POLICIES = {"tabular": TabularPolicy, "markov": MarkovPolicy}
+
 
 def _instance(cfg: EstimatorBenchConfig, pol: TabularPolicy, sharp: float, strength: float, gen):
     z = torch.randn(pol.num_rows, pol.V, generator=gen, dtype=torch.float64)
@@ -100,12 +189,11 @@ def _instance(cfg: EstimatorBenchConfig, pol: TabularPolicy, sharp: float, stren
     return theta, logp_pi, logp_mu, reward, grad
 
 
-def _batch_gradients(pol, theta, idx, coef):
-    """(K, N) sampled sequence ids and (K, N, L) per-token coefficients -> (K, P*V) gradients."""
-    K, N = idx.shape
+def _batch_gradients(theta, rows, toks, coef):
+    """(K, N, L) prefix rows, tokens and per-token coefficients -> (K, P*V) gradients."""
+    K, N, _ = rows.shape
     P, V = theta.shape
     probs = theta.softmax(-1)  # (P, V)
-    rows, toks = pol.rows[idx], pol.seqs[idx]  # (K, N, L)
     k = torch.arange(K)[:, None, None].expand_as(rows)
     g = torch.zeros(K, P, V, dtype=torch.float64)
     g.index_put_((k, rows, toks), coef, accumulate=True)  # the one-hot part of the score
@@ -115,33 +203,39 @@ def _batch_gradients(pol, theta, idx, coef):
     return (g / N).reshape(K, P * V)
 
 
-def run_point(cfg: EstimatorBenchConfig, pol: TabularPolicy, sharp: float, strength: float, gen):
+def run_point(cfg: EstimatorBenchConfig, pol, sharp: float, strength: float, gen):
     """Relative MSE of every method (and oracle alpha*) at one sweep point, one instance."""
-    theta, logp_pi, logp_mu, reward, grad = _instance(cfg, pol, sharp, strength, gen)
+    d = pol.draw(cfg, sharp, strength, gen)
+    theta, grad, old, roll = d.theta, d.grad, d.old, d.roll
     K, B, G = cfg.batches, cfg.groups, cfg.group_size
-    N = B * G
-    mu_seq = logp_mu.sum(-1).exp()  # (S,)
-    idx = torch.multinomial(mu_seq.float().expand(K, -1), N, replacement=True, generator=gen)  # (K, N)
-    r = reward[idx].view(K, B, G)
+    N, L = B * G, d.rows.shape[-1]
+    r = d.reward.view(K, B, G)
     adv = (r - (r.sum(-1, keepdim=True) - r) / (G - 1)).view(K, N)  # leave-one-out baseline
-    old, roll = logp_pi[idx].float(), logp_mu[idx].float()  # (K, N, L)
-    mask = torch.ones(N, pol.L, dtype=torch.bool)
+    mask = torch.ones(N, L, dtype=torch.bool)
     norm2 = grad.pow(2).sum()
+
+    def batch_grads(coef):
+        return _batch_gradients(theta, d.rows, d.toks, coef)
+
     out, grads, diag_rows = {}, {}, []
     for name in cfg.methods:
-        opts = {"cap": cfg.cap} if name in ("tis", "seq_tis", "ais") else {}
-        weights, keeps = [], []
-        for k in range(K):
-            res = correct(name, old[k], roll[k], mask, **opts)
-            weights.append(res.weights)
-            keeps.append(res.mask)
-            if name == "ais":
-                diag_rows.append([res.metrics[key].item() for key in DIAG_KEYS])
-        omega = torch.stack(weights).double() * torch.stack(keeps)  # (K, N, L)
-        grads[name] = _batch_gradients(pol, theta, idx, omega * adv[..., None])  # (K, P*V)
+        opts = {"cap": cfg.cap} if name in ("tis", "seq_tis", "prefix_tis", "ais") else {}
+        if name in BATCH_LEVEL:  # one call per batch: the correction depends on batch statistics
+            weights, keeps = [], []
+            for k in range(K):
+                res = correct(name, old[k], roll[k], mask, **opts)
+                weights.append(res.weights)
+                keeps.append(res.mask)
+                if name == "ais":
+                    diag_rows.append([res.metrics[key].item() for key in DIAG_KEYS])
+            omega = torch.stack(weights).double() * torch.stack(keeps)  # (K, N, L)
+        else:  # token and sequence rules: all K batches in one call
+            res = correct(name, old.view(K * N, L), roll.view(K * N, L), mask.repeat(K, 1), **opts)
+            omega = (res.weights.double() * res.mask).view(K, N, L)
+        grads[name] = batch_grads(omega * adv[..., None])  # (K, P*V)
     w1 = (old - roll).exp().clamp(max=cfg.cap).double()
-    g0 = _batch_gradients(pol, theta, idx, adv[..., None].expand(K, N, pol.L).clone())
-    g1 = _batch_gradients(pol, theta, idx, w1 * adv[..., None])
+    g0 = batch_grads(adv[..., None].expand(K, N, L).clone())
+    g1 = batch_grads(w1 * adv[..., None])
     d0, d01 = g0 - grad, g0 - g1  # the interpolation's error: g(a) - grad = d0 - a * d01
 
     def mse(a: torch.Tensor | float) -> float:  # a: scalar or (K,) per-batch alpha
@@ -156,7 +250,11 @@ def run_point(cfg: EstimatorBenchConfig, pol: TabularPolicy, sharp: float, stren
         out.setdefault(name, mse(a))
     a_star = ((d0 * d01).sum() / d01.pow(2).sum().clamp(min=1e-300)).clamp(0.0, 1.0)
     out["oracle"] = mse(a_star)
+    split = {name: _bias_variance(g, grad) for name, g in {"none": g0, "tis": g1, **grads}.items()}
+    horizon = {f"oracle@{h}": _oracle_at_horizon(d0, d01, h) for h in cfg.horizons if h != 1}
     diag = {"oracle_alpha": a_star.item(), "grad_norm2": norm2.item(), "seq_ess": _seq_ess(old - roll),
+            **{f"bias2:{k}": b for k, (b, _) in split.items()}, **{f"var:{k}": v for k, (_, v) in split.items()},
+            **horizon,
             "k3_kl": ((old - roll).exp() - 1 - (old - roll)).mean().item()}  # fmt: skip
     if diag_rows:
         d = torch.tensor(diag_rows, dtype=torch.float64)  # (K, len(DIAG_KEYS))
@@ -173,6 +271,37 @@ def run_point(cfg: EstimatorBenchConfig, pol: TabularPolicy, sharp: float, stren
     return out, diag
 
 
+def _bias_variance(g: torch.Tensor, grad: torch.Tensor) -> tuple[float, float]:
+    """(K, D) batch gradients -> (squared bias of their mean, unbiased; variance of one batch's gradient)."""
+    K = g.shape[0]
+    var = (g - g.mean(0)).pow(2).sum() / (K - 1)
+    return ((g.mean(0) - grad).pow(2).sum() - var / K).item(), var.item()
+
+
+def _oracle_at_horizon(d0: torch.Tensor, d01: torch.Tensor, h: int) -> float:
+    """min over a in [0, 1] of bias^2 + var / h along g(a) - grad = d0 - a d01 (bias and var as above).
+
+    Over a run, a bias that keeps its direction adds up step after step while the noise of h steps
+    averages out, so h = 1 is the MSE of one step and a large h is what matters over h steps.
+    """
+    K = d0.shape[0]
+    e0, e1 = d0.mean(0), d01.mean(0)
+    c0, c1 = d0 - e0, d01 - e1
+    v00, v01, v11 = (c0 * c0).sum() / (K - 1), (c0 * c1).sum() / (K - 1), (c1 * c1).sum() / (K - 1)
+    c = 1.0 / h - 1.0 / K
+
+    def f(a: float) -> float:
+        return ((e0 - a * e1).pow(2).sum() + c * (v00 - 2 * a * v01 + a * a * v11)).item()
+
+    den = (e1.pow(2).sum() + c * v11).item()
+    a = min(max(((e0 * e1).sum() + c * v01).item() / den, 0.0), 1.0) if den > 0 else 0.0
+    return min(f(a), f(0.0), f(1.0))
+
+
+POOLED = ("bias2:", "var:", "oracle@")
+"""Per-point keys pooled like the MSE (summed over instances, divided by the summed |g|^2)."""
+BATCH_LEVEL = {"ais"}
+"""Corrections whose weights depend on the whole batch (the rest are applied to all batches at once)."""
 DIAG_KEYS = ["weight_reliability", "divergence_severity", "variance_amplification", "num_seqs", "num_tokens", "alpha"]
 
 
@@ -191,7 +320,9 @@ def _seq_ess(delta: torch.Tensor) -> float:
 def run(cfg: EstimatorBenchConfig) -> dict:
     """Full sweep; returns a JSON-able dict with per-point results and the headline ratios."""
     gen = torch.Generator().manual_seed(cfg.seed)
-    pol = TabularPolicy(cfg.vocab, cfg.length)
+    if cfg.policy not in POLICIES:
+        raise ValueError(f"unknown policy {cfg.policy!r}; choose from {sorted(POLICIES)}")
+    pol = POLICIES[cfg.policy](cfg.vocab, cfg.length)
     t0 = time.perf_counter()
     points = []
     for sharp, strength in itertools.product(cfg.sharpness, cfg.strengths):
@@ -204,7 +335,7 @@ def run(cfg: EstimatorBenchConfig) -> dict:
         # would let an instance whose exact gradient is ~0 (a reward plateau) dominate the point.
         norm2 = sum(d["grad_norm2"] for d in diags)
         mse = {k: sum(m[k] for m in mses) / norm2 for k in mses[0]}
-        diag = {k: sum(d[k] for d in diags) / len(diags) for k in diags[0]}
+        diag = {k: sum(d[k] for d in diags) / (norm2 if k.startswith(POOLED) else len(diags)) for k in diags[0]}
         points.append({"sharpness": sharp, "strength": strength, "mse": mse, **diag})
     summary = summarize(points)
     return {"config": asdict(cfg), "points": points, "summary": summary, "seconds": time.perf_counter() - t0}
@@ -245,6 +376,26 @@ def markdown(result: dict) -> str:
     return head + "\n".join(rows) + summary
 
 
+def horizon_markdown(result: dict) -> str:
+    """Tables of the relative MSE bias^2 + variance / h at each horizon h > 1 of the config, and of bias^2."""
+    points = result["points"]
+    methods = [k[len("bias2:") :] for k in points[0] if k.startswith("bias2:")]
+    head = "| sharpness | strength | seq ESS/N | " + " | ".join(methods)
+    out = []
+    for h in [h for h in result["config"]["horizons"] if h != 1] + [None]:
+        title = f"MSE over h = {h} steps, bias^2 + variance / h" if h else "Squared bias alone (h -> infinity)"
+        rows = [f"{title} (relative to |g|^2; bold = lowest):\n", head + (f" | oracle@{h} |" if h else " |")]
+        rows.append("|" + "---|" * (len(methods) + 3 + bool(h)))
+        for p in points:
+            v = {m: p[f"bias2:{m}"] + (p[f"var:{m}"] / h if h else 0.0) for m in methods}
+            best = min(v.values())
+            cells = [f"**{x:.4f}**" if x == best else f"{x:.4f}" for x in v.values()]
+            cells += [f"{p[f'oracle@{h}']:.4f}"] if h else []
+            rows.append(f"| {p['sharpness']} | {p['strength']} | {p['seq_ess']:.3f} | " + " | ".join(cells) + " |")
+        out.append("\n".join(rows))
+    return "\n\n".join(out)
+
+
 def main(cfg: EstimatorBenchConfig | None = None, out: str | None = None) -> dict:
     """Run the sweep, print the table, write JSON (with the machine it ran on) to `out`."""
     from aisrl.bench.report import machine, write_json
@@ -253,6 +404,7 @@ def main(cfg: EstimatorBenchConfig | None = None, out: str | None = None) -> dic
     result = run(cfg)
     result["machine"] = machine()
     print(markdown(result))
+    print(horizon_markdown(result))
     print(f"({result['seconds']:.0f} s)")
     if out:
         write_json(out, result)
