@@ -14,6 +14,8 @@ G = exp(mean_t delta) (geometric):
 - seq_tis:   clip(W, floor, cap) for every token of the sequence.
 - prefix_tis: clip(prod_{s<=t} w_s, floor, cap) for token t: per-decision IS (Precup et al. 2000), which
              corrects the distribution of the token and of its context but not of the tokens after it.
+             A token dropped as unusable (NaN) counts as w = 1 in later prefixes; a rollout log-prob
+             of -inf makes w huge, so the rest of that sequence sits at the cap.
 - geo_tis:   clip(G, floor, cap) for every token of the sequence (length-normalised).
 - icepop:    w inside the band [low, high], token masked outside (IcePop / token MIS).
 - seq_mask:  reject sequences whose W leaves [low, high].

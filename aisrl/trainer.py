@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from aisrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from aisrl.correction import CORRECTIONS, correct
+from aisrl.correction import CORRECTIONS, correct, options_of
 from aisrl.dist import all_sum
 from aisrl.lora import apply_lora, merged_state
 from aisrl.losses import AGGREGATIONS, LOSSES, group_advantages
@@ -177,7 +177,7 @@ def validate(cfg: TrainConfig) -> None:
 
 def _correction_options(cfg: TrainConfig, prev_alpha):
     name, opts = cfg.correction.name, {}
-    if name in ("tis", "seq_tis", "prefix_tis", "geo_tis", "ais"):
+    if "cap" in options_of(name):
         opts["cap"] = cfg.correction.cap
     if name == "ais" and cfg.correction.ema > 0:
         opts.update(ema=cfg.correction.ema, prev_alpha=prev_alpha)

@@ -84,6 +84,11 @@ def test_prefix_tis_skips_masked_tokens_and_survives_extremes():
     res = correct("prefix_tis", old, roll, mask, cap=2.0)
     close(res.weights, [[1.5, 0.0, 2.0, 2.0]])  # a huge ratio is capped, never inf or NaN
     assert torch.isfinite(res.weights).all()
+    tiny = correct("prefix_tis", torch.tensor([[-1e3, 0.0, 0.0]]), torch.zeros(1, 3), torch.ones(1, 3).bool())
+    from aisrl.diagnostics import LOG_RATIO_CLAMP
+
+    # the log-ratio is clamped, so the vanishing prefix is exp(-clamp) for the rest of the sequence, not NaN
+    torch.testing.assert_close(tiny.weights, torch.full((1, 3), math.exp(-LOG_RATIO_CLAMP)), rtol=1e-4, atol=0)
 
 
 def test_geo_tis(batch):

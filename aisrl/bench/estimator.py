@@ -9,6 +9,8 @@ can be enumerated. Logits are `sharpness * z` (z ~ N(0, 1)); large sharpness mod
 late-training policy. The rollout policy mu has logits theta + strength * eps (eps ~ N(0, 1)), a stand-in
 for low-precision noise. Each sequence has a fixed random Bernoulli reward, and the objective is
 J = E_pi[R] with exact gradient sum_y pi(y) R(y) grad log pi(y) (autograd over the enumeration).
+`policy=markov` replaces it by a first-order Markov policy over long sequences whose reward couples all
+tokens (MarkovPolicy: exact gradient by a recursion instead of an enumeration).
 
 Estimators. A batch has N = B * G sequences sampled from mu in B groups of G; the advantage is the
 leave-one-out group baseline A_i = R_i - mean_{j != i in group} R_j (unbiased on-policy), and
@@ -16,11 +18,16 @@ leave-one-out group baseline A_i = R_i - mean_{j != i in group} R_j (unbiased on
     g_hat = (1 / N) sum_i sum_t omega_it A_i grad log pi(y_it | y_i,<t)
 
 is the gradient of the GRPO surrogate at r = 1 with seq-mean-token-sum aggregation, with omega from
-`aisrl.correction.correct(name, ...)` - the real code under test, called once per batch. We report
+`aisrl.correction.correct(name, ...)` - the real code under test, called once per batch for AIS (whose
+alpha depends on the batch) and once for all batches for the per-token and per-sequence rules. We report
 relative MSE over many batches and several random instances per sweep point, pooled as
 sum_instances E||g_hat - g||^2 / sum_instances ||g||^2, for each correction and for the oracle: the best
 fixed interpolation (1 - a) g_none + a g_tis, with a* the exact quadratic minimiser chosen separately for
 each instance (a stricter baseline than one alpha per point).
+
+Over a run the per-step MSE is not the whole story: a bias that keeps its direction adds up over h steps
+while the noise of h batches averages out. Each estimator's error is therefore also split into squared
+bias and per-batch variance, and `horizons` reports bias^2 + variance / h (docs/ais.md section 4).
 """
 
 from __future__ import annotations
@@ -33,21 +40,21 @@ from typing import NamedTuple
 
 import torch
 
-from aisrl.correction import correct
+from aisrl.correction import correct, options_of
 
 
 @dataclass
 class EstimatorBenchConfig:
     vocab: int = 5
-    """Vocabulary size V of the tabular policy."""
+    """Vocabulary size V of the test policy."""
     length: int = 4
-    """Sequence length L (V^L sequences are enumerated)."""
+    """Sequence length L (tabular: V^L sequences are enumerated, so keep it short; markov: any)."""
     groups: int = 8
-    """Prompts per batch B (groups); all share one tabular policy."""
+    """Prompts per batch B (groups); all share one test policy."""
     group_size: int = 8
     """Samples per group G; the batch has N = B * G sequences."""
     batches: int = 120
-    """Sampled batches per sweep point and instance."""
+    """Sampled batches per sweep point and instance (>= 2: the variance is estimated across them)."""
     instances: int = 10
     """Random (policy, perturbation, reward) instances per sweep point; MSEs are averaged over them."""
     strengths: list[float] = field(default_factory=lambda: [0.05, 0.2, 0.5, 1.0])
@@ -55,9 +62,9 @@ class EstimatorBenchConfig:
     sharpness: list[float] = field(default_factory=lambda: [0.5, 1.5, 3.0])
     """Scale of the policy logits (higher is sharper)."""
     reward_p: float = 0.3
-    """Probability that a sequence is rewarded (R = 1)."""
+    """Probability that a sequence is rewarded (R = 1); markov: the target of P_pi(count >= k)."""
     cap: float = 2.0
-    """Truncation cap C for tis / seq_tis / ais."""
+    """Truncation cap C for tis / seq_tis / prefix_tis / ais."""
     methods: list[str] = field(default_factory=lambda: ["none", "tis", "seq_tis", "icepop", "ais"])
     """Corrections to evaluate (any name in aisrl.correction.CORRECTIONS)."""
     variants: list[str] = field(default_factory=lambda: ["c4", "design", "no_rho", "sqrt_n", "c8", "c16"])
@@ -219,7 +226,7 @@ def run_point(cfg: EstimatorBenchConfig, pol, sharp: float, strength: float, gen
 
     out, grads, diag_rows = {}, {}, []
     for name in cfg.methods:
-        opts = {"cap": cfg.cap} if name in ("tis", "seq_tis", "prefix_tis", "ais") else {}
+        opts = {"cap": cfg.cap} if "cap" in options_of(name) else {}
         if name in BATCH_LEVEL:  # one call per batch: the correction depends on batch statistics
             weights, keeps = [], []
             for k in range(K):
@@ -301,7 +308,8 @@ def _oracle_at_horizon(d0: torch.Tensor, d01: torch.Tensor, h: int) -> float:
 POOLED = ("bias2:", "var:", "oracle@")
 """Per-point keys pooled like the MSE (summed over instances, divided by the summed |g|^2)."""
 BATCH_LEVEL = {"ais"}
-"""Corrections whose weights depend on the whole batch (the rest are applied to all batches at once)."""
+"""Corrections whose weights depend on the whole batch. The rest are applied to all batches at once, which
+is exact because run_point never passes `normalize` (the one batch-level option they have)."""
 DIAG_KEYS = ["weight_reliability", "divergence_severity", "variance_amplification", "num_seqs", "num_tokens", "alpha"]
 
 
@@ -322,6 +330,9 @@ def run(cfg: EstimatorBenchConfig) -> dict:
     gen = torch.Generator().manual_seed(cfg.seed)
     if cfg.policy not in POLICIES:
         raise ValueError(f"unknown policy {cfg.policy!r}; choose from {sorted(POLICIES)}")
+    if cfg.batches < 2 or any(h < 1 for h in cfg.horizons):
+        raise ValueError(f"need batches >= 2 and every horizon >= 1; got batches={cfg.batches}, "
+                         f"horizons={cfg.horizons}")  # fmt: skip
     pol = POLICIES[cfg.policy](cfg.vocab, cfg.length)
     t0 = time.perf_counter()
     points = []
