@@ -82,12 +82,17 @@ def _tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
     return w.clamp(floor, cap), b.mask, (w > cap) | (w < floor), {}
 
 
-def _seq_level(b: Batch, log_v: torch.Tensor, cap: float, floor: float):
-    """Truncated sequence-level weights exp(log_v), computed without overflow."""
+def _clip_exp(log_v: torch.Tensor, cap: float, floor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """clip(exp(log_v), floor, cap) computed without overflow, and where it clipped."""
     _check_cap(cap, floor)
-    v = torch.exp(log_v.clamp(max=math.log(cap)))  # (N,) <= cap, never inf
-    clipped = (log_v > math.log(cap)) | (v < floor)  # (N,)
-    v = v.clamp(min=floor)
+    v = torch.exp(log_v.clamp(max=math.log(cap)))  # <= cap, never inf
+    clipped = (log_v > math.log(cap)) | (v < floor)
+    return v.clamp(min=floor), clipped
+
+
+def _seq_level(b: Batch, log_v: torch.Tensor, cap: float, floor: float):
+    """Truncated sequence-level weights exp(log_v) (N,) for every token of the sequence."""
+    v, clipped = _clip_exp(log_v, cap, floor)  # (N,)
     return _per_seq(v).expand_as(b.delta), b.mask, _per_seq(clipped) & b.mask, {}
 
 
@@ -96,11 +101,9 @@ def _seq_tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
 
 
 def _prefix_tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
-    _check_cap(cap, floor)
     log_v = b.delta.cumsum(-1)  # (N, T): delta is 0 on masked tokens, so this sums the counted prefix
-    v = torch.exp(log_v.clamp(max=math.log(cap)))  # (N, T) <= cap, never inf
-    clipped = b.mask & ((log_v > math.log(cap)) | (v < floor))
-    return v.clamp(min=floor), b.mask, clipped, {}
+    v, clipped = _clip_exp(log_v, cap, floor)  # (N, T)
+    return v, b.mask, clipped & b.mask, {}
 
 
 def _geo_mean_log(b: Batch) -> torch.Tensor:

@@ -170,9 +170,10 @@ class MarkovPolicy:
         (grad,) = torch.autograd.grad(tail[k], theta)  # exact dJ/dtheta
         theta = theta.detach()
         K, N = cfg.batches, cfg.groups * cfg.group_size
-        rows, toks = self._sample(theta + strength * eps, K * N, gen)  # (K*N, L)
+        mu = theta + strength * eps  # (P, V) logits of the rollout policy
+        rows, toks = self._sample(mu, K * N, gen)  # (K*N, L)
         old = theta.log_softmax(-1)[rows, toks]  # (K*N, L)
-        roll = (theta + strength * eps).log_softmax(-1)[rows, toks]
+        roll = mu.log_softmax(-1)[rows, toks]
         reward = ((toks == 0).sum(-1) >= k).double()  # (K*N,)
         shape = (K, N, self.L)
         return Draw(theta, rows.view(shape), toks.view(shape), old.float().view(shape), roll.float().view(shape),
