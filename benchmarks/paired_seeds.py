@@ -1,15 +1,17 @@
 """Paired per-seed comparison of corrections across `aisrl compare` output directories (issue 5).
 
     python benchmarks/paired_seeds.py runs/compare runs/compare_extra [format=mxfp4_w4a4] [methods=none,tis,ais]
-        [metric=reward|policy_reward|sampler_reward|held_accuracy|held_reward]
+        [metric=reward|greedy_accuracy|policy_reward|sampler_reward|held_accuracy|held_reward] [tag=NAME]
 
 A study grows by runs in several directories (more seeds later). This script pools them and compares each
 method's score with the full-precision run of the same seed (same prompts and sampling seeds), then
 compares methods with each other seed by seed. The score is the last-fifth training reward (`reward`, the
-default) or one of the final-model scores `aisrl compare` writes to each run's final_eval.json
+default), the held-out greedy accuracy the trainer measured at the last step (`greedy_accuracy`; the run
+must evaluate at its last step), or one of the final-model scores `aisrl compare` writes to each run's final_eval.json
 (aisrl.final_eval). Only finished runs count: a run whose metrics stop before its last step, or that has
 no final_eval.json when one of its scores is asked for, is skipped. Prints the numbers and writes
-benchmarks/results/paired_<format>.json (paired_<format>_<metric>.json for a final-model score).
+benchmarks/results/paired_<format>.json (paired_<format>_<metric>.json for another score;
+paired_<tag>_<format>... with `tag=`, which keeps the results of another study apart).
 """
 
 import json
@@ -20,15 +22,19 @@ from pathlib import Path
 from aisrl.bench.report import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
-METRICS = ("reward", "policy_reward", "sampler_reward", "held_accuracy", "held_reward")
+METRICS = ("reward", "greedy_accuracy", "policy_reward", "sampler_reward", "held_accuracy", "held_reward")
+
+
+def _rows(metrics: Path, steps: int) -> list[dict] | None:
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    return rows[:steps] if len(rows) >= steps else None  # None: unfinished
 
 
 def last_fifth_reward(metrics: Path, steps: int) -> float | None:
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    if len(rows) < steps:
-        return None  # unfinished
-    rewards = [r["reward"] for r in rows[:steps]]
-    tail = rewards[-max(1, steps // 5) :]
+    rows = _rows(metrics, steps)
+    if rows is None:
+        return None
+    tail = [r["reward"] for r in rows[-max(1, steps // 5) :]]
     return sum(tail) / len(tail)
 
 
@@ -38,6 +44,8 @@ def score(run: Path, steps: int, metric: str) -> float | None:
         return None
     if metric == "reward":
         return last_fifth_reward(run / "metrics.jsonl", steps)
+    if metric == "greedy_accuracy":
+        return _rows(run / "metrics.jsonl", steps)[-1].get("eval_accuracy")  # None: no evaluation at the end
     final, pointer = run / "final_eval.json", run / "checkpoints" / "latest"
     if not final.exists():
         return None
@@ -73,7 +81,9 @@ def _spread(s: dict) -> str:
     return "one seed, no spread" if s["std"] is None else f"± {s['std']:.3f}, SE {s['se']:.3f}"
 
 
-def main(dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metric: str = "reward") -> dict:
+def main(
+    dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metric: str = "reward", tag: str = ""
+) -> dict:
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose from {sorted(METRICS)}")
     ref = collect(dirs, "reference", steps, metric)
@@ -97,12 +107,19 @@ def main(dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metri
             result["pairs"][f"{b}-{a}"] = {**s, "seeds": common}
             if s["n"]:
                 print(f"{b:>8} - {a}: {s['mean']:+.3f} ({_spread(s)}); {b} higher on {s['positive']}/{s['n']} seeds")
-    write_json(ROOT / f"benchmarks/results/paired_{fmt}{'' if metric == 'reward' else '_' + metric}.json", result)
+    name = "_".join([*([tag] if tag else []), fmt, *([] if metric == "reward" else [metric])])
+    write_json(ROOT / f"benchmarks/results/paired_{name}.json", result)
     return result
 
 
 if __name__ == "__main__":
     kw = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
     dirs = [Path(a) for a in sys.argv[1:] if "=" not in a] or [Path("runs/compare")]
-    main(dirs, kw.get("format", "mxfp4_w4a4"), kw.get("methods", "none,tis,ais").split(","), int(kw.get("steps", 100)),
-         kw.get("metric", "reward"))
+    main(
+        dirs,
+        kw.get("format", "mxfp4_w4a4"),
+        kw.get("methods", "none,tis,ais").split(","),
+        int(kw.get("steps", 100)),
+        kw.get("metric", "reward"),
+        kw.get("tag", ""),
+    )

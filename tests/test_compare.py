@@ -234,5 +234,18 @@ def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch)
     (stale / "final_eval.json").write_text(json.dumps(old_scores))
     out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["tis"], steps=10, metric="policy_reward")
     assert out["vs_full_precision"]["tis"]["seeds"] == [0] and out["vs_full_precision"]["tis"]["std"] is None
+    # the held-out greedy accuracy of the last step; a run that did not evaluate there does not count
+    for d, kind, seed, acc in (("a", "reference", 0, 0.5), ("b", "reference", 1, 0.4), ("a", "fmt/none", 0, 0.45),
+                               ("b", "fmt/none", 1, None)):  # fmt: skip
+        m = tmp_path / d / kind / f"seed{seed}" / "metrics.jsonl"
+        rows = [json.loads(line) for line in m.read_text().splitlines()]
+        rows[4]["eval_accuracy"] = 0.9  # an earlier evaluation is not the final one
+        if acc is not None:
+            rows[-1]["eval_accuracy"] = acc
+        m.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["none"], steps=10, metric="greedy_accuracy", tag="x")
+    none = out["vs_full_precision"]["none"]
+    assert none["seeds"] == [0] and abs(none["mean"] + 0.05) < 1e-12
+    assert (tmp_path / "benchmarks/results/paired_x_fmt_greedy_accuracy.json").exists()
     with pytest.raises(ValueError, match="unknown metric 'acc'; choose from"):
         mod.main([tmp_path / "a"], "fmt", ["tis"], steps=10, metric="acc")

@@ -27,3 +27,19 @@ def test_sft_warm_start_reaches_its_band_and_is_cached(tmp_path, monkeypatch):
     assert 1e6 < info["params"] < 5e6
     again = lab_model(cfg, verbose=False)[2]  # second call: loaded from the cache, same numbers
     assert again == info | {"config": again["config"]}
+
+
+def test_columns_lab_preset_has_a_large_disjoint_held_out_set_and_room_for_every_trace():
+    from aisrl.lab import lab_task
+    from aisrl.train_config import load_config
+    from aisrl.trainer import problem_sets
+
+    cfg = load_config("lab_columns", ["device=cpu"])
+    task = lab_task(cfg.lab)
+    pool, held = problem_sets(cfg, task)
+    assert len(pool) == cfg.train_problems and len(held) == cfg.eval_problems == 500
+    assert not {p.question for p in pool} & {p.question for p in held}
+    tok = CharTokenizer()
+    longest = max(len(tok.encode(completion_text(p))) + 1 for p in pool + held)  # + EOS
+    assert longest == 1 + 15 + 1 + 1 + 3 + 1 + 1  # 99+99: two columns, a three-digit answer
+    assert longest <= cfg.rollout.max_new_tokens  # no correct completion is cut off
