@@ -120,13 +120,14 @@ def plan(cfg: CompareConfig) -> list[Run]:
     return runs
 
 
-def _rows(path: Path) -> list[dict]:
+def run_rows(path: Path) -> list[dict]:
+    """The per-step metrics of the run in `path` (empty if it has none yet)."""
     f = path / "metrics.jsonl"
     return [json.loads(line) for line in f.read_text().splitlines()] if f.exists() else []
 
 
 def _done(run: Run, cfg: CompareConfig, max_steps: int) -> bool:
-    rows = _rows(run.path(cfg.out))
+    rows = run_rows(run.path(cfg.out))
     return bool(rows) and rows[-1]["step"] >= max_steps and (run.path(cfg.out) / "summary.json").exists()
 
 
@@ -277,7 +278,7 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
     groups: dict[str, dict] = {}
     for run in runs:
         g = groups.setdefault(run.group, {"format": run.fmt, "method": run.method, "runs": {}, "missing": []})
-        rows = _rows(run.path(cfg.out))
+        rows = run_rows(run.path(cfg.out))
         if rows and rows[-1]["step"] >= max_steps:
             g["runs"][str(run.seed)] = summarize_run(rows[:max_steps], cfg.collapse_fraction)
             if cfg.final_samples > 0:  # only scores of this checkpoint and these settings

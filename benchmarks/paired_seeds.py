@@ -20,32 +20,26 @@ import sys
 from pathlib import Path
 
 from aisrl.bench.report import write_json
+from aisrl.compare import run_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 METRICS = ("reward", "greedy_accuracy", "policy_reward", "sampler_reward", "held_accuracy", "held_reward")
 
 
-def _rows(metrics: Path, steps: int) -> list[dict] | None:
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return rows[:steps] if len(rows) >= steps else None  # None: unfinished
-
-
-def last_fifth_reward(metrics: Path, steps: int) -> float | None:
-    rows = _rows(metrics, steps)
-    if rows is None:
-        return None
-    tail = [r["reward"] for r in rows[-max(1, steps // 5) :]]
+def last_fifth_reward(rows: list[dict], steps: int) -> float:
+    tail = [r["reward"] for r in rows[:steps][-max(1, steps // 5) :]]
     return sum(tail) / len(tail)
 
 
 def score(run: Path, steps: int, metric: str) -> float | None:
     """The run's `metric`, or None if the run is unfinished or was not scored."""
-    if not (run / "metrics.jsonl").exists() or last_fifth_reward(run / "metrics.jsonl", steps) is None:
-        return None
+    rows = run_rows(run)
+    if len(rows) < steps:
+        return None  # unfinished
     if metric == "reward":
-        return last_fifth_reward(run / "metrics.jsonl", steps)
+        return last_fifth_reward(rows, steps)
     if metric == "greedy_accuracy":
-        return _rows(run / "metrics.jsonl", steps)[-1].get("eval_accuracy")  # None: no evaluation at the end
+        return rows[steps - 1].get("eval_accuracy")  # None: no evaluation at the end
     final, pointer = run / "final_eval.json", run / "checkpoints" / "latest"
     if not final.exists():
         return None
