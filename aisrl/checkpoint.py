@@ -5,10 +5,16 @@ a one-line pointer. A checkpoint is written into a temporary directory, renamed 
 then does the pointer move (write + os.replace, atomic on POSIX). A crash at any moment leaves `latest`
 naming a complete checkpoint. Weights are safetensors; optimizer and RNG state are loaded with
 `torch.load(weights_only=True)`, so a checkpoint can never run code.
+
+A run also records the config it was started with (`output_dir/config.json`). Resuming with a different one
+would silently splice two experiments into one set of weights and one metrics file, so a later start checks
+the new config against the record and refuses, naming the keys that changed; only keys that cannot change the
+training (`RESUMABLE`: how long, how often to evaluate and checkpoint, where it runs) may differ.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -25,6 +31,48 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename: readers see the old file or the new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+RESUMABLE = ("max_steps", "eval_every", "checkpoint_every", "micro_batch", "output_dir", "device")
+"""Config keys a run may change between starts: they decide how long it runs, how often it evaluates and
+checkpoints, how the batch is split for memory (accumulation makes that exact) and where it runs."""
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def config_changes(recorded: dict, config: dict, free: tuple[str, ...] = RESUMABLE) -> list[str]:
+    """'key: old -> new' for every dotted key whose value differs between two config dicts, except `free` ones.
+    Keys only one side has are skipped: a field added by a later version keeps the earlier behaviour by default."""
+    a, b = _flat(recorded), _flat(json.loads(json.dumps(config)))  # tuples compare as the lists JSON keeps
+    return [f"{k}: {a[k]!r} -> {b[k]!r}" for k in sorted(a.keys() & b.keys()) if k not in free and a[k] != b[k]]
+
+
+def record_config(output_dir: str | Path, config: dict, write: bool = True) -> None:
+    """Record `config` as the run's on its first start (`write`: this process may write it); on a later start,
+    raise ValueError if it differs from the record in any key but RESUMABLE ones."""
+    path = Path(output_dir) / "config.json"
+    if path.exists():
+        changes = config_changes(json.loads(path.read_text()), config)
+        if changes:
+            raise ValueError(f"{output_dir} holds a run started with another config ({'; '.join(changes)}); resume "
+                             f"with the same settings, pick a new output_dir, or delete {path} to continue this "
+                             "run's weights under the new settings")  # fmt: skip
+    elif write:
+        atomic_write_text(path, json.dumps(config, indent=1))
+
+
 def _dir(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
@@ -39,6 +87,8 @@ def save_checkpoint(output_dir, step: int, model, optimizer, extra: dict, keep: 
     state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     save_file(state, tmp / "model.safetensors")
     rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
     torch.save({"optimizer": optimizer.state_dict(), "step": step, "rng": rng, "extra": extra}, tmp / "state.pt")
     for f in (tmp / "model.safetensors", tmp / "state.pt", tmp):
         _fsync(f)  # on disk before anything points at it
@@ -71,4 +121,6 @@ def load_checkpoint(path: Path, model, optimizer) -> dict:
     state = torch.load(path / "state.pt", weights_only=True, map_location="cpu")  # the optimizer moves it to its params
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"]["torch"])
+    if "cuda" in state["rng"] and torch.cuda.is_available() and len(state["rng"]["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])  # a run resumed on another GPU count keeps the CPU RNG only
     return {"step": state["step"], "extra": state["extra"]}

@@ -73,7 +73,7 @@ def _compare(args) -> int:
 
 def _eval(args) -> int:
     from aisrl.checkpoint import latest_checkpoint
-    from aisrl.trainer import build, evaluate, make_policy, problem_sets
+    from aisrl.trainer import build, evaluate, make_policy, problem_sets, resolve_device
 
     cfg = _train_config(args)
     ckpt = latest_checkpoint(cfg.output_dir)
@@ -94,6 +94,7 @@ def _eval(args) -> int:
             f"({str(e).splitlines()[0]})"
         ) from e
 
+    model.to(resolve_device(cfg.device))  # full precision, like the evaluations during training
     _, held = problem_sets(cfg, task)
     acc = evaluate(model, tok, task, encode, held, make_policy(cfg, tok, model))
     print(f"{ckpt}: held-out greedy accuracy {acc:.3f} on {len(held)} problems")

@@ -10,6 +10,10 @@ preset, every override and, per seed, the prompt order and sampling seeds (the t
 correction. A run that finished is skipped and an interrupted one resumes from its checkpoint, so a study
 can be stopped and restarted, or run piecewise (`only=[mxfp4/ais]`) and aggregated later (`jobs=0`).
 
+Each run records its config (`config.json`, aisrl.checkpoint.record_config). A re-run of a study whose
+overrides differ from those its finished runs were trained with stops with the keys that differ, instead of
+skipping those runs and aggregating results of another experiment; start such a study in a new `out`.
+
 Aggregation (per format and method, mean and sample standard deviation over seeds):
 - held-out greedy accuracy at the start, at the end and at its best (a fixed held-out set per seed);
 - collapses: runs whose training reward over the last fifth of steps is below `collapse_fraction` of the
@@ -99,10 +103,21 @@ class Run:
                 f"output_dir={self.path(cfg.out)}"]  # fmt: skip
 
 
+SET_PER_RUN = {"seed": "seeds", "output_dir": "out", "rollout.quant": "formats", "correction.name": "methods"}
+"""Training keys the study sets for each run, and the study key that chooses them."""
+
+
 def plan(cfg: CompareConfig) -> list[Run]:
     """Every run of the study, reference first; validates the names before anything runs."""
     from aisrl.correction import CORRECTIONS
     from aisrl.quant import quant_config
+
+    for item in cfg.train:
+        key = item.split("=", 1)[0].strip()
+        if key in SET_PER_RUN:
+            raise ValueError(
+                f"{key} is set per run by the study; choose it with {SET_PER_RUN[key]}=[...], not {item!r}"
+            )
 
     for m in cfg.methods:
         if m not in CORRECTIONS and m not in RECIPES:
@@ -126,6 +141,20 @@ def run_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in f.read_text().splitlines()] if f.exists() else []
 
 
+def _check_recorded(runs: list[Run], cfg: CompareConfig) -> None:
+    """Raise if a run's recorded config (its first start's) differs from what this invocation would train."""
+    from aisrl.checkpoint import config_changes
+    from aisrl.train_config import load_config
+
+    for run in runs:
+        path = run.path(cfg.out) / "config.json"
+        if path.exists():
+            changes = config_changes(json.loads(path.read_text()), asdict(load_config(cfg.preset, run.overrides(cfg))))
+            if changes:
+                raise ValueError(f"{run.path(cfg.out)} was trained with other settings ({'; '.join(changes)}); "
+                                 f"re-run with the study's original overrides, or use a new out=")  # fmt: skip
+
+
 def _done(run: Run, cfg: CompareConfig, max_steps: int) -> bool:
     rows = run_rows(run.path(cfg.out))
     return bool(rows) and rows[-1]["step"] >= max_steps and (run.path(cfg.out) / "summary.json").exists()
@@ -137,6 +166,7 @@ def run_study(cfg: CompareConfig, log=print) -> dict:
 
     runs = plan(cfg)
     base = load_config(cfg.preset, cfg.train)  # validates the shared overrides once
+    _check_recorded(runs, cfg)
     todo = [r for r in runs if (not cfg.only or r.group in cfg.only) and not _done(r, cfg, base.max_steps)]
     if cfg.jobs > 0 and todo:
         log(f"compare: {len(todo)} of {len(runs)} runs to do, {cfg.jobs} at a time, in {cfg.out}")

@@ -2,7 +2,8 @@
 
 Values are parsed as Python literals (numbers, booleans, lists, strings) and checked against the
 field's annotated type, so `batches=ten` or `nonsense=1` fail with a message naming the key, instead
-of silently running a different experiment.
+of silently running a different experiment. Mappings read from YAML (`apply_mapping`) are checked against the
+same types directly, with no round trip through text.
 """
 
 from __future__ import annotations
@@ -75,12 +76,45 @@ def apply_overrides(cfg, overrides: list[str]):
         target = cfg
         for part in path:
             target = _field_value(target, part, key)
+        if not dataclasses.is_dataclass(target):
+            raise ValueError(f"config key {key!r}: the part before {last!r} is a value, not a section")
         hints = typing.get_type_hints(type(target))
         if last not in hints or last not in {f.name for f in dataclasses.fields(target)}:
             valid = sorted(f.name for f in dataclasses.fields(target))
             raise ValueError(f"unknown config key {key!r}; valid keys here: {valid}")
         setattr(target, last, _from_text(key, text.strip(), hints[last]))
     return cfg
+
+
+def apply_mapping(cfg, data: dict, prefix: str = ""):
+    """Apply a nested mapping (a YAML preset) to a dataclass instance in place; returns it. Values keep the
+    types YAML gave them and are checked like overrides; a numeric string such as YAML's `1e-4` (which YAML
+    1.1 reads as text) is accepted where a float is expected."""
+    if not isinstance(data, dict):
+        raise ValueError(f"config section {prefix.rstrip('.') or '<top>'!r} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(type(cfg))
+    names = {f.name for f in dataclasses.fields(cfg)}
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        if name not in names:
+            raise ValueError(f"unknown config key {key!r}; valid keys here: {sorted(names)}")
+        typ = hints[name]
+        if dataclasses.is_dataclass(typ):
+            apply_mapping(getattr(cfg, name), value, f"{key}.")
+            continue
+        setattr(cfg, name, _check(key, _float_text(value, typ), typ))
+    return cfg
+
+
+def _float_text(value, typ):
+    """`value` as a float when it is a string that spells one and `typ` takes floats but not strings."""
+    options = typing.get_args(typ) if typing.get_origin(typ) in (typing.Union, types.UnionType) else (typ,)
+    if isinstance(value, str) and float in options and str not in options:
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _from_text(key: str, text: str, typ):
@@ -106,6 +140,8 @@ def _from_text(key: str, text: str, typ):
 
 
 def _field_value(obj, part: str, key: str):
+    if not dataclasses.is_dataclass(obj):
+        raise ValueError(f"config key {key!r}: the part before {part!r} is a value, not a section")
     names = {f.name for f in dataclasses.fields(obj)}
     if part not in names:
         raise ValueError(f"unknown config key {key!r}: {part!r} is not one of {sorted(names)}")

@@ -11,10 +11,11 @@ is a Monte Carlo estimate under mu:
 - ppl of each side = exp(-token-mean log-prob); their ratio equals exp(k1).
 
 Robustness rules, applied once in `prepare` so every correction shares them: masked positions may
-hold anything (NaN, -inf) and never reach a statistic; a NaN at a counted position removes that
-token from the loss mask (counted in `nonfinite_frac`); log-ratios are clamped to +-LOG_RATIO_CLAMP
-(so -inf trainer log-probs give w ~ 2e-9, +inf give a weight that truncation caps), and every
-exponent of a sequence-level quantity is bounded by EXP_CLAMP, so no metric is NaN or inf.
+hold anything (NaN, -inf) and never reach a statistic; a counted token whose log-ratio is NaN or whose
+trainer log-prob is not finite (the trainer gives it no probability, so its gradient is undefined) leaves
+the loss mask (counted in `nonfinite_frac`); log-ratios are clamped to +-LOG_RATIO_CLAMP (so a rollout
+log-prob of -inf gives a huge weight that truncation caps), and every exponent of a sequence-level quantity
+is bounded by EXP_CLAMP, so no metric is NaN or inf.
 All sums go through `aisrl.dist` so sharded batches give the single-process values.
 """
 

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from aisrl.checkpoint import atomic_write_text
+
 SEED_BASE = 7_000_000_000
 """Sampling seeds of the evaluation: SEED_BASE + i for the i-th request, the same for every run."""
 
@@ -134,7 +136,5 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
     result = {"settings": settings, "policy_reward": mean(trained, 0), "policy_accuracy": mean(trained, 1),
               "sampler_reward": mean(sampler, 0), "sampler_accuracy": mean(sampler, 1),
               "held_reward": mean(unseen, 0), "held_accuracy": mean(unseen, 1)}  # fmt: skip
-    tmp = cache.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(cache)
+    atomic_write_text(cache, json.dumps(result, indent=1))
     return result

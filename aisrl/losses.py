@@ -79,6 +79,18 @@ def _check_inputs(logp, old_logp, mask, dual_clip, ref_logp=None, kl_coef=0.0) -
         raise ValueError("kl_coef > 0 needs ref_logp (log-probs under the reference policy)")
 
 
+def _like(x: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """`x` detached, on logp's device and in its dtype (advantages and weights often come from CPU rewards)."""
+    return x.detach().to(device=logp.device, dtype=logp.dtype)
+
+
+def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k3 estimate of a KL per token, exp(x) - x - 1 (Schulman 2020), on the log-ratio clamped to +-RATIO_LOG_CLAMP
+    so a stray -inf or huge log-prob gives a large finite value, not inf."""
+    x = log_ratio.clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)
+    return x.exp() - x - 1.0
+
+
 def clipped_surrogate(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -92,7 +104,8 @@ def clipped_surrogate(
     Returns (l, ratio, log_ratio, clipped, dual), each (N, T); `clipped`/`dual` flag tokens where the clip or
     the dual clip is active. Shared by grpo_loss and the verl adapter (which aggregates with verl's agg_loss)."""
     _check_inputs(logp, old_logp, on, dual_clip)
-    adv = adv.detach().to(logp.dtype)
+    on, old_logp = on.to(logp.device), old_logp.to(logp.device)
+    adv = _like(adv, logp)
     adv = adv[:, None] if adv.dim() == 1 else adv  # (N, 1) or (N, T)
     adv = torch.where(on, adv, 0.0)  # (N, T)
     log_ratio = torch.where(on, logp - old_logp.detach(), 0.0)
@@ -134,16 +147,15 @@ def grpo_loss(
             "agg='seq-mean-token-sum-norm' needs horizon=<max completion length> (a constant, not the padded "
             f"width, so padding and sharding cannot change the loss); got horizon={horizon!r}"
         )
-    m = mask.detach().to(logp.dtype)  # (N, T)
+    m = _like(mask, logp)  # (N, T)
     on = m > 0
     pg, ratio, log_ratio, clipped, dual = clipped_surrogate(logp, old_logp, adv, on, clip, dual_clip)
     if weights is not None:
-        pg = pg * torch.where(on, weights.detach().to(logp.dtype), 0.0)
+        pg = pg * torch.where(on, _like(weights, logp), 0.0)
     per_tok = pg
     kl_ref = torch.zeros_like(pg)
     if ref_logp is not None:
-        d = torch.where(on, ref_logp.detach() - logp, 0.0).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)
-        kl_ref = d.exp() - d - 1.0  # (N, T) k3 of KL(pi || pi_ref)
+        kl_ref = _k3(torch.where(on, _like(ref_logp, logp) - logp, 0.0))  # (N, T) k3 of KL(pi || pi_ref)
         per_tok = per_tok + kl_coef * kl_ref
     loss = _masked_aggregate(per_tok, m, agg, horizon) * world_size()
     with torch.no_grad():
@@ -190,14 +202,14 @@ def tbpo_loss(
     if agg != "seq-mean":
         raise ValueError(f"tbpo aggregates per sequence; agg must be 'seq-mean', got {agg!r}")
     _check_inputs(logp, old_logp, mask, dual_clip, ref_logp, kl_coef)
-    m = mask.detach().to(logp.dtype)  # (N, T)
+    m = _like(mask, logp)  # (N, T)
     on = m > 0
     lens = m.sum(-1)  # (N,)
     seq_on = lens > 0  # (N,)
-    a = adv.detach().to(logp.dtype)
+    a = _like(adv, logp)
     a = (a * m).sum(-1) / lens.clamp(min=1) if a.dim() == 2 else a  # (N,)
     a = torch.where(seq_on, a, 0.0)
-    d = torch.nan_to_num(torch.where(on, logp - old_logp.detach(), 0.0), nan=0.0)  # (N, T)
+    d = torch.nan_to_num(torch.where(on, logp - _like(old_logp, logp), 0.0), nan=0.0)  # (N, T)
     seq_log_ratio = (d.sum(-1) / lens.clamp(min=1)).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)  # (N,)
     s = seq_log_ratio.exp()  # (N,)
     lo, hi = clip
@@ -209,19 +221,18 @@ def tbpo_loss(
         dual = (a < 0) & (l_seq > -a * dual_clip) & seq_on
         l_seq = torch.where(a < 0, torch.minimum(l_seq, -a * dual_clip), l_seq)
     if weights is not None:
-        omega = (torch.where(on, weights.detach().to(logp.dtype), 0.0)).sum(-1) / lens.clamp(min=1)  # (N,)
+        omega = (torch.where(on, _like(weights, logp), 0.0)).sum(-1) / lens.clamp(min=1)  # (N,)
         l_seq = l_seq * omega
     n_seq, n_tok = all_sum(_s(seq_on.double()), _s(m.double()))
     loss = torch.where(seq_on, l_seq, 0.0).sum() / n_seq.clamp(min=1).to(l_seq.dtype)
     kl_ref = torch.zeros_like(d)
     if ref_logp is not None:
-        r = torch.where(on, ref_logp.detach() - logp, 0.0).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)
-        kl_ref = r.exp() - r - 1.0  # (N, T)
+        kl_ref = _k3(torch.where(on, _like(ref_logp, logp) - logp, 0.0))  # (N, T)
         kl_seq = (kl_ref * m).sum(-1) / lens.clamp(min=1)  # (N,): per sequence, so micro-batches accumulate exactly
         loss = loss + kl_coef * kl_seq.sum() / n_seq.clamp(min=1).to(l_seq.dtype)
     loss = loss * world_size()
     with torch.no_grad():
-        sums = all_sum(_s(band.double()), _s(dual.double()), _s(s.double(), seq_on), _s((d.exp() - 1 - d).double(), on),
+        sums = all_sum(_s(band.double()), _s(dual.double()), _s(s.double(), seq_on), _s(_k3(d).double(), on),
                        _s(kl_ref.double(), on), loss.detach().double())  # fmt: skip
         metrics = {"loss": sums[5] / world_size(), "pg_clip_frac": _div(sums[0], n_seq),
                    "pg_dual_clip_frac": _div(sums[1], n_seq), "ratio_mean": _div(sums[2], n_seq),

@@ -2,8 +2,9 @@
 
     cfg = load_config("lab", ["max_steps=20", "correction.name=tis", "rollout.quant=none"])
 
-A preset is a name in aisrl/presets/ or a path to a YAML file; YAML is read with yaml.safe_load and applied
-as dotted overrides, so an unknown key or a wrong type fails with a message naming the key either way.
+A preset is a name in aisrl/presets/ or a path to a YAML file; YAML is read with yaml.safe_load and its values
+are checked against the same field types as the overrides, so an unknown key or a wrong type fails with a
+message naming the key either way.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aisrl.config import apply_overrides
+from aisrl.config import apply_mapping, apply_overrides
 from aisrl.lab import LabConfig
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -152,16 +153,6 @@ class TrainConfig:
     lora: LoraSettings = field(default_factory=LoraSettings)
 
 
-def _flatten(d: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out += _flatten(v, f"{prefix}{k}.")
-        else:
-            out.append(f"{prefix}{k}={v!r}" if isinstance(v, str) else f"{prefix}{k}={v}")
-    return out
-
-
 def load_config(preset: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """TrainConfig from defaults, then a preset (name or YAML path), then `key=value` overrides."""
     import yaml
@@ -177,6 +168,9 @@ def load_config(preset: str | None = None, overrides: list[str] | None = None) -
         data = yaml.safe_load(path.read_text()) or {}
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a preset must be a mapping of config keys")
-        apply_overrides(cfg, _flatten(data))
+        try:
+            apply_mapping(cfg, data)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from e
     apply_overrides(cfg, overrides or [])
     return cfg

@@ -7,13 +7,15 @@ One step:
     -> optimizer step -> weight sync (re-quantise the trainer into the rollout copy or engine)
 
 Everything random in a step is derived from (seed, step): the prompts and every request's sampling
-seed. So a run resumed from a checkpoint continues exactly as an uninterrupted run would.
-Outputs in `output_dir`: metrics.jsonl (one row per step), checkpoints/, report.png and summary.json.
+seed. So a run resumed from a checkpoint continues exactly as an uninterrupted run would, and a resume with
+other settings is refused (aisrl.checkpoint.record_config). Outputs in `output_dir`: config.json (the settings),
+metrics.jsonl (one row per step), checkpoints/, report.png and summary.json.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import random
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from aisrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from aisrl.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, record_config, save_checkpoint
 from aisrl.correction import CORRECTIONS, correct, options_of
 from aisrl.dist import all_sum
 from aisrl.lora import apply_lora, merged_state
@@ -135,6 +137,11 @@ def completion_texts(tok, r) -> list[str]:
 def validate(cfg: TrainConfig) -> None:
     if cfg.correction.name not in CORRECTIONS:
         raise ValueError(f"unknown correction {cfg.correction.name!r}; choose from {sorted(CORRECTIONS)}")
+    try:  # the correction checks its own options (cap, ema) on a one-token batch, before any model is built
+        correct(cfg.correction.name, torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool),
+                **_correction_options(cfg, None))  # fmt: skip
+    except ValueError as e:
+        raise ValueError(f"correction settings: {e}") from e
     if cfg.agg not in AGGREGATIONS:
         raise ValueError(f"unknown agg {cfg.agg!r}; choose from {list(AGGREGATIONS)}")
     if cfg.loss not in LOSSES:
@@ -234,6 +241,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
     log = log if rank == 0 else (lambda _: None)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    record_config(out, dataclasses.asdict(cfg), write=False)  # a resumed run must be the same experiment
     if world > 1 and cfg.model.name == "lab":  # rank 0 builds the cached lab model, the others then load it
         if rank == 0:
             build(cfg)
@@ -264,6 +272,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         raise ValueError(f"the task gives {len(pool)} training and {len(held)} held-out problems; need at least "
                          f"prompts_per_step={cfg.prompts_per_step} and one held-out problem")  # fmt: skip
 
+    record_config(out, dataclasses.asdict(cfg), write=rank == 0)  # everything built: this run is under way
     start, prev_alpha = 0, None
     ckpt = latest_checkpoint(out)
     if ckpt is not None:
@@ -276,7 +285,9 @@ def train(cfg: TrainConfig, log=print) -> dict:
     if rank == 0:
         rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
         rows = [r for r in rows if r["step"] <= start]  # drop rows of steps after the checkpoint
-        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
+    if start >= cfg.max_steps:
+        log(f"{out} is already at step {start} (max_steps={cfg.max_steps}); nothing to train")
 
     B, G = cfg.prompts_per_step, cfg.group_size
     tracker = Tracker(out, cfg.max_steps, start, log) if rank == 0 else None

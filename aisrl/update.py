@@ -76,5 +76,7 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
         if cfg.grad_clip > 0:
             params_ = [p for p in model.parameters() if p.requires_grad]
             acc["grad_norm"] = torch.nn.utils.clip_grad_norm_(params_, cfg.grad_clip).item()
-        opt.step()
+        if tok_total > 0:  # every token rejected: no step, or Adam's momentum would still move the weights
+            opt.step()
+    acc["update_skipped"] = float(tok_total == 0)
     return acc

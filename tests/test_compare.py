@@ -143,6 +143,10 @@ def test_publish_writes_results_and_benchmarks_section(tmp_path):
         ({"formats": ["fp7"]}, "fp7"),
         ({"only": ["int4/ais"]}, "only='int4/ais' is not a group"),
         ({"seeds": []}, "nothing to compare"),
+        ({"train": ["seed=3"]}, "seed is set per run by the study; choose it with seeds="),
+        ({"train": ["output_dir=runs/x"]}, "output_dir is set per run by the study; choose it with out="),
+        ({"train": ["rollout.quant=int4"]}, "rollout.quant is set per run by the study; choose it with formats="),
+        ({"train": ["correction.name=tis"]}, "correction.name is set per run by the study; choose it with methods="),
     ],
 )
 def test_bad_study_configs_are_named(kwargs, message):
@@ -159,6 +163,24 @@ def test_aggregate_only_with_jobs_zero_runs_nothing(tmp_path):
     cfg = CompareConfig(methods=["none"], formats=["int4"], seeds=[0], out=str(tmp_path), jobs=0)
     result = run_study(cfg, log=lambda _: None)
     assert result["groups"]["reference"]["missing"] == [0] and not list(tmp_path.glob("*/seed0"))
+
+
+def test_a_study_re_run_with_other_overrides_is_refused(tmp_path):
+    """A finished run is skipped by the step count alone; its recorded config keeps a changed study from
+    aggregating it as if it had been trained with the new overrides."""
+    from dataclasses import asdict
+
+    from aisrl.train_config import load_config
+
+    cfg = CompareConfig(methods=["tis"], formats=["int4"], seeds=[0], out=str(tmp_path), jobs=0, train=["lr=1e-3"])
+    for run in plan(cfg):
+        run.path(cfg.out).mkdir(parents=True)
+        recorded = asdict(load_config("lab", [*run.overrides(cfg)[1:], "max_steps=7"]))  # trained without lr=1e-3
+        (run.path(cfg.out) / "config.json").write_text(json.dumps(recorded))
+    with pytest.raises(ValueError, match=r"reference/seed0 was trained with other settings \(lr: 0.0005 -> 0.001\)"):
+        run_study(cfg, log=lambda _: None)
+    cfg.train = ["lr=5e-4", "max_steps=9"]  # the recorded settings (the length may differ): aggregation goes on
+    assert run_study(cfg, log=lambda _: None)["groups"]["int4/tis"]["missing"] == [0]
 
 
 @pytest.mark.parametrize("train", [["lora.r=4"], ["model.kind=diffusion"]])

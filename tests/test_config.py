@@ -2,7 +2,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from aisrl.config import apply_overrides
+from aisrl.config import apply_mapping, apply_overrides
 
 
 @dataclass
@@ -38,6 +38,7 @@ def test_typed_overrides():
         ("seed=1.5", r"config key 'seed' expects int"),
         ("steps=3", r"config key 'steps' expects a list"),
         ("inner=3", r"'inner' is a section"),
+        ("seed.x=1", r"config key 'seed.x': the part before 'x' is a value, not a section"),
         ("seed", r"must look like key=value"),
     ],
 )
@@ -72,3 +73,27 @@ def test_tuples_are_fixed_length_and_typed():
                           ("band=0.3", "expects 2 items"), ("band=[a,0.2]", r"'band\[0\]' expects float")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             apply_overrides(Pair(), [item])
+
+
+def test_yaml_mappings_keep_their_types_and_are_checked_like_overrides(tmp_path):
+    yaml = pytest.importorskip("yaml")
+    from aisrl.train_config import load_config
+
+    text = "lr: 1e-4\nseed: 3\nlab: {ops: 'it''s \\\\ x', target: [0.4, 0.9]}\n"  # YAML: '' is a quote
+    data = yaml.safe_load(text)
+    assert data["lr"] == "1e-4"  # YAML 1.1 reads an exponent without a dot as text
+    cfg = apply_mapping(Cfg(), {"seed": 3, "opt": "1e-4", "inner": {"cap": 4, "name": "tis"}})
+    assert cfg.seed == 3 and cfg.opt == 1e-4 and cfg.inner.cap == 4.0 and cfg.inner.name == "tis"
+    preset = tmp_path / "p.yaml"
+    preset.write_text(text)
+    cfg = load_config(str(preset))
+    assert cfg.lr == 1e-4 and cfg.seed == 3 and cfg.lab.ops == "it's \\\\ x" and cfg.lab.target == (0.4, 0.9)
+    for text, message in [("dataset: null", "'dataset' expects str, got None"),
+                          ("rollout: {quant: off}", "'rollout.quant' expects str, got False"),
+                          ("output_dir: 5", "'output_dir' expects str, got 5"),
+                          ("rollout: 3", "section 'rollout' must be a mapping"),
+                          ("rollout: {quantt: none}", "unknown config key 'rollout.quantt'"),
+                          ("seed: 1.5", "'seed' expects int")]:  # fmt: skip
+        preset.write_text(text + "\n")
+        with pytest.raises(ValueError, match=message):
+            load_config(str(preset))

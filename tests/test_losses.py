@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from aisrl.losses import AGGREGATIONS, group_advantages, grpo_loss
+from aisrl.losses import AGGREGATIONS, RATIO_LOG_CLAMP, group_advantages, grpo_loss, tbpo_loss
 
 
 def test_group_advantages_by_hand():
@@ -180,3 +180,24 @@ def test_tbpo_matches_its_formula_on_hand_made_inputs():
     assert lw.item() == pytest.approx((3.0 * l0 + l1 + 0.5 * l2) / 3, rel=1e-6)
     with pytest.raises(ValueError, match="agg must be 'seq-mean'"):
         tbpo_loss(logp, old, adv, mask, agg="token-mean")
+
+
+@pytest.mark.parametrize("loss_fn", [grpo_loss, tbpo_loss])
+def test_losses_take_advantages_and_weights_from_another_device(loss_fn):
+    """Rewards live on the CPU while log-probs are on the accelerator; 'meta' stands in for a GPU here."""
+    logp = torch.zeros(4, 3, device="meta", requires_grad=True)
+    old, mask = torch.zeros(4, 3, device="meta"), torch.ones(4, 3, dtype=torch.bool, device="meta")
+    adv, weights = torch.tensor([1.0, -1.0, 0.5, -0.5]), torch.ones(4, 3)  # CPU
+    loss, metrics = loss_fn(logp, old, adv, mask, weights=weights, ref_logp=torch.zeros(4, 3), kl_coef=0.1)
+    assert loss.device.type == "meta" and all(v.device.type == "meta" for v in metrics.values())
+
+
+@pytest.mark.parametrize("loss_fn", [grpo_loss, tbpo_loss])
+def test_kl_metrics_stay_finite_for_extreme_log_ratios(loss_fn):
+    logp = torch.tensor([[100.0, 0.0], [-math.inf, 0.0]])
+    old = torch.zeros(2, 2)
+    _, m = loss_fn(logp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 2, dtype=torch.bool),
+                   ref_logp=torch.zeros(2, 2), kl_coef=0.1)  # fmt: skip
+    bound = math.exp(RATIO_LOG_CLAMP)  # the k3 of the clamped log-ratio, the largest a token can give
+    for key in ("approx_kl", "kl_ref"):
+        assert math.isfinite(m[key].item()) and 0 < m[key].item() <= bound, key

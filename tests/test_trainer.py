@@ -55,6 +55,49 @@ def test_resume_is_exact(tmp_path, monkeypatch):
         assert {k: v for k, v in x.items() if k not in drop} == {k: v for k, v in y.items() if k not in drop}
 
 
+def test_resume_with_other_settings_is_refused_naming_them(tmp_path):
+    out, quiet = tmp_path / "run", (lambda _: None)
+    train(load_config("lab", [*TINY, "max_steps=1", f"output_dir={out}"]), log=quiet)
+    assert json.loads((out / "config.json").read_text())["correction"]["name"] == "ais"
+    with pytest.raises(ValueError, match=r"another config \(correction.name: 'ais' -> 'tis'; lr: 0.0005 -> 0.001\)"):
+        train(load_config("lab", [*TINY, "max_steps=2", f"output_dir={out}", "correction.name=tis", "lr=1e-3"]))
+    assert [x["step"] for x in rows(out)] == [1]  # nothing was appended
+    # how long, how often and how the batch is split may change: the run continues
+    logs = []
+    train(load_config("lab", [*TINY, "max_steps=2", f"output_dir={out}", "eval_every=1", "micro_batch=3"]),
+          log=logs.append)  # fmt: skip
+    assert [x["step"] for x in rows(out)] == [1, 2] and any("resumed" in line for line in logs)
+    logs.clear()
+    train(load_config("lab", [*TINY, "max_steps=1", f"output_dir={out}"]), log=logs.append)
+    assert any("already at step 2 (max_steps=1); nothing to train" in line for line in logs)
+
+
+def test_a_batch_with_every_token_rejected_leaves_the_weights_alone(tmp_path, monkeypatch):
+    """Adam's momentum would move the weights on a zero gradient; a fully rejected batch must not step."""
+    from safetensors.torch import load_file
+
+    import aisrl.trainer as trainer
+
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    batches, correct = [], trainer.correct
+
+    def reject_second_batch(name, old, roll, mask, **kw):
+        res = correct(name, old, roll, mask, **kw)
+        if mask.shape[0] > 1:  # a training batch (validate checks the options on a 1x1 one)
+            batches.append(mask.shape)
+            if len(batches) == 2:
+                return res._replace(mask=torch.zeros_like(res.mask), weights=torch.zeros_like(res.weights))
+        return res
+
+    monkeypatch.setattr(trainer, "correct", reject_second_batch)
+    out = tmp_path / "run"
+    train(load_config("lab", [*TINY, "max_steps=2", f"output_dir={out}", "checkpoint_every=1"]), log=lambda _: None)
+    r = rows(out)
+    assert [x["update_skipped"] for x in r] == [0.0, 1.0] and r[0]["grad_norm"] > 0
+    w1, w2 = (load_file(out / "checkpoints" / f"step_00000{k}" / "model.safetensors") for k in (1, 2))
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)
+
+
 def test_micro_batches_in_length_order_accumulate_the_full_batch_gradient(tmp_path, monkeypatch):
     monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
     got = {}

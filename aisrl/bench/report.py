@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from aisrl.checkpoint import atomic_write_text
+
 
 def machine() -> dict:
     """What the numbers were measured on."""
@@ -27,11 +29,7 @@ def machine() -> dict:
 
 def write_json(path: str | Path, data: dict) -> None:
     """Atomic JSON write (temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=1))
 
 
 def update_section(path: str | Path, name: str, body: str) -> None:
@@ -42,9 +40,7 @@ def update_section(path: str | Path, name: str, body: str) -> None:
     block = f"{begin}\n{body.rstrip()}\n{end}"
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write_text(path, text)
 
 
 def step_timer():
