@@ -26,7 +26,7 @@ def is_peft(model) -> bool:
 def merged_state(model) -> dict[str, torch.Tensor]:
     """{plain parameter name: tensor} with LoRA deltas merged in (the model's own tensors if not peft)."""
     if not is_peft(model):
-        return dict(model.named_parameters()) | dict(model.named_buffers())
+        return dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())  # tied names too
     from peft.tuners.lora import LoraLayer
 
     base = model.get_base_model()
@@ -37,7 +37,7 @@ def merged_state(model) -> dict[str, torch.Tensor]:
             for adapter in mod.active_adapters:
                 w = w + mod.get_delta_weight(adapter)
             out[f"{name}.weight"] = w
-    for name, t in list(base.named_parameters()) + list(base.named_buffers()):
+    for name, t in list(base.named_parameters(remove_duplicate=False)) + list(base.named_buffers()):
         if "lora_" not in name:
             out.setdefault(name.replace(".base_layer", ""), t)
     return out

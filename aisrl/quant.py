@@ -1,8 +1,11 @@
 """Low-precision rollout formats as exact fake-quantisation, in the spirit of torchao's `quantize_`.
 
 Why: the rollout engine runs a quantised copy of the policy (FP8 / INT8 / FP4), the trainer the full
-precision one; their log-prob mismatch is what aisrl.correction corrects. On CPU we reproduce the
-numerics of the real kernels exactly: quantise, dequantise, compute in FP32.
+precision one; their log-prob mismatch is what aisrl.correction corrects. Each linear layer rounds its
+weight (and with a W8A8/W4A4 preset its input activations) exactly as the format does, then computes in
+FP32 and returns its input's dtype. Everything else (norms, attention, residual stream, KV cache unless
+`kv_cache`) stays in the model's own precision, so the copy emulates the quantised GEMMs, not a whole engine
+that also runs those parts in BF16; the `bf16` preset rounds weights only.
 
     rollout = copy.deepcopy(model)
     quantize_(rollout, quant_config("fp8_e4m3_w8a8"))     # or QuantConfig(format="fp8_e4m3", ...)
@@ -93,8 +96,8 @@ def quantize_mxfp4(w: torch.Tensor, block: int = 32) -> torch.Tensor:
     """MXFP4: E2M1 elements, one power-of-two (E8M0) scale per `block` consecutive values."""
     b, undo = _blocks(w, 1, block)
     amax = b.abs().amax(dim=-1, keepdim=True)
-    exp = torch.floor(torch.log2(amax.clamp(min=2.0**-126))) - 2  # 2 = emax of E2M1 (6 = 1.5 * 2^2)
-    s = torch.exp2(exp)
+    exp = torch.frexp(amax.clamp(min=2.0**-126)).exponent - 3  # floor(log2 amax), exactly, minus emax of E2M1 (2)
+    s = torch.exp2(exp.to(amax.dtype))
     return undo(fake_float(b / s, "e2m1") * s)
 
 
@@ -204,9 +207,9 @@ class FakeQuantLinear(nn.Module):
         self.weight.copy_(WEIGHT_FORMATS[self.cfg.format](w.detach().float(), self.cfg))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cfg.activations:
-            x = ACT_FORMATS[self.cfg.format](x.float())
-        return nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias)
+        dtype = x.dtype  # a BF16 model's residual stream stays BF16; the GEMM itself is exact in FP32
+        x = ACT_FORMATS[self.cfg.format](x.float()) if self.cfg.activations else x.float()
+        return nn.functional.linear(x, self.weight, self.bias).to(dtype)
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, {self.cfg}"

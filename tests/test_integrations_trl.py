@@ -121,3 +121,6 @@ def test_settings_the_rollout_copy_cannot_honour_are_refused(tmp_path):
         AISGRPOTrainer(model=model, args=grpo_args(tmp_path, use_vllm=True), **kw)
     with pytest.raises(ValueError, match="peft_config is not supported"):
         AISGRPOTrainer(model=model, args=grpo_args(tmp_path), peft_config=object(), **kw)
+    trainer = AISGRPOTrainer(model=model, args=grpo_args(tmp_path), **kw)
+    with pytest.raises(ValueError, match="would drop the images of this batch"):  # a vision-language batch
+        trainer._generate_single_turn([[5, 6]], [[object()]], {}, 1)

@@ -1,18 +1,22 @@
 """The verl adapter: aisrl losses registered in verl's policy-loss registry and dispatched by name give
 exactly aisrl.losses.grpo_loss with the aisrl correction; misconfigured rollout IS weights are explained.
 
-verl pulls Ray and pins its own transformers, so it is not in the test extra; this file skips without verl.
-Run it in an environment with verl: pip install verl pytest && python -m pytest tests/test_integrations_verl.py
+verl pulls Ray and pins its own transformers, so it is not in the test extra; the tests that call verl skip
+without it (the weight checks need only torch). Run them in an environment with verl:
+pip install verl pytest && python -m pytest tests/test_integrations_verl.py
 """
 
 import pytest
 import torch
 
-verl_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+from aisrl.correction import correct
+from aisrl.integrations.verl import REQUIRED_SETTINGS, check_raw_weights, install
+from aisrl.losses import grpo_loss
 
-from aisrl.correction import correct  # noqa: E402
-from aisrl.integrations.verl import REQUIRED_SETTINGS, check_raw_weights, install  # noqa: E402
-from aisrl.losses import grpo_loss  # noqa: E402
+
+@pytest.fixture
+def verl_algos():
+    return pytest.importorskip("verl.trainer.ppo.core_algos")
 
 
 def batch(seed=0, n=6, t=8):
@@ -39,7 +43,7 @@ CFG = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_
         ("aisrl_none", "none", {}),
     ],
 )
-def test_dispatched_loss_equals_aisrl_losses(agg, loss_mode, name, opts):
+def test_dispatched_loss_equals_aisrl_losses(agg, loss_mode, name, opts, verl_algos):
     names = install()
     assert {"ais", "aisrl_ais", "aisrl_tis", "aisrl_seq_mask"} <= set(names)
     old, rollout, logp, adv, mask, w = batch()
@@ -58,7 +62,7 @@ def test_dispatched_loss_equals_aisrl_losses(agg, loss_mode, name, opts):
     assert {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"} <= set(metrics)
 
 
-def test_with_verl_actor_config_and_vanilla_agreement():
+def test_with_verl_actor_config_and_vanilla_agreement(verl_algos):
     from verl.workers.config import ActorConfig, PolicyLossConfig
 
     install()
@@ -80,11 +84,27 @@ def test_weights_that_cannot_be_raw_are_explained():
         with pytest.raises(ValueError, match=why) as e:
             check_raw_weights(bad, mask)
         assert all(s in str(e.value) for s in REQUIRED_SETTINGS)
+
+
+def test_weights_at_verls_safety_bound_are_raw_not_truncated():
+    """verl computes exp(clamp(log-ratio, -20, 20)); tokens at that bound tie at exp(20) without any threshold.
+    aisrl clamps log-ratios at the same 20 (aisrl.diagnostics.LOG_RATIO_CLAMP), so nothing is lost."""
+    old, rollout, logp, adv, mask, w = batch(3)
+    bound = torch.tensor(20.0).exp()
+    w[0, :3] = bound  # three tokens whose rollout log-prob is far below the trainer's
+    check_raw_weights(w, mask)
+    w[0, :3] = 7.5  # a tie below the bound is a threshold
+    with pytest.raises(ValueError, match="truncated at 7.5"):
+        check_raw_weights(w, mask)
+
+
+def test_a_missing_weight_names_the_settings(verl_algos):
+    old, rollout, logp, adv, mask, w = batch(2)
     with pytest.raises(ValueError, match="rollout_is_threshold=inf"):
         verl_algos.get_policy_loss_fn((install(), "ais")[1])(old, logp, adv, mask, "token-mean", CFG, None)
 
 
-def test_verl_external_module_hook_registers_the_losses(tmp_path):
+def test_verl_external_module_hook_registers_the_losses(tmp_path, verl_algos):
     import os
     import subprocess
     import sys

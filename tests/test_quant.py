@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from aisrl.quant import (
+    ACT_FORMATS,
     PRESETS,
     FakeQuantLinear,
     QuantConfig,
@@ -175,3 +176,36 @@ def test_w4a4_quantises_activations_in_32_blocks():
     assert len(torch.unique(xq[0, 0, :32].abs())) <= 8  # E2M1 has 8 magnitudes per shared block scale
     assert torch.equal(q(x), nn.functional.linear(xq, q.weight, q.bias))
     assert not torch.equal(q(x), FakeQuantLinear(lin, quant_config("mxfp4"))(x))  # the input really is quantised
+
+
+def test_mxfp4_block_exponent_is_exact_just_below_a_power_of_two():
+    """floor(log2 amax) by float log2 rounds 7.9999995 up to 3 and doubles the block scale; the spec's scale is
+    2^(2 - 2) = 1, so the block quantises on the unit E2M1 grid: 7.9999995 saturates to 6, 1.4 -> 1.5, 0.3 -> 0.5."""
+    top = torch.nextafter(torch.tensor(8.0), torch.tensor(0.0)).item()
+    q = quantize_mxfp4(torch.tensor([[top, 1.4, 0.3] + [0.0] * 29]))
+    assert q[0, :3].tolist() == [6.0, 1.5, 0.5]
+
+
+def test_a_bf16_model_keeps_bf16_activations_through_fake_quant_layers():
+    from aisrl.models import tiny_model
+
+    model = tiny_model().to(torch.bfloat16)
+    rollout = quantize_(copy.deepcopy(model), quant_config("fp8_e4m3_w8a8"))  # the head stays a bf16 Linear
+    ids = torch.tensor([[3, 4, 5]])
+    logits = rollout(ids).logits
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits).all()
+    layer = rollout.model.layers[0].mlp.down_proj
+    x = torch.randn(2, layer.in_features, dtype=torch.bfloat16)
+    expected = ACT_FORMATS[layer.cfg.format](x.float()) @ layer.weight.T  # FP32 GEMM of rounded operands
+    torch.testing.assert_close(layer(x), expected.to(torch.bfloat16), rtol=0, atol=0)
+
+
+def test_sync_reaches_a_quantised_head_tied_to_the_embeddings():
+    from aisrl.models import tiny_model
+
+    model = tiny_model(tie_word_embeddings=True)
+    rollout = quantize_(copy.deepcopy(model), quant_config("fp8_e4m3", lm_head=True))
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(2.0)  # the tied head changes with it
+    sync_weights(model, rollout)
+    torch.testing.assert_close(rollout.lm_head.weight, quantize_fp8(model.lm_head.weight.detach(), "e4m3", "channel"))

@@ -24,6 +24,7 @@ the distribution it sampled from (temperature, top-k/top-p applied).
 from __future__ import annotations
 
 import copy
+import warnings
 
 import torch
 
@@ -86,6 +87,11 @@ class AISGRPOTrainer(GRPOTrainer):
         if rollout_quant is not None:
             _check_rollout_copy_settings(model, train_args, kwargs)
         if use_vllm and correction != "none" and getattr(train_args, "vllm_importance_sampling_correction", False):
+            warnings.warn(
+                "AISGRPOTrainer sets GRPOConfig.vllm_importance_sampling_correction=False: the "
+                f"{correction!r} correction replaces TRL's, so the ratio is applied once",
+                stacklevel=2,
+            )
             train_args.vllm_importance_sampling_correction = False  # one correction, ours, not two
         self._aisrl = {"name": correction, "options": dict(correction_options or {}), "prev_alpha": None}
         self._rollout, self._synced_step = None, None
@@ -114,6 +120,9 @@ class AISGRPOTrainer(GRPOTrainer):
         if self._rollout is None:
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                  has_tool_images)  # fmt: skip
+        if images is not None and any(x is not None for x in images):
+            raise ValueError("rollout_quant generates from token ids only and would drop the images of this batch; "
+                             "use TRL's generation (rollout_quant=None with use_vllm=True) for vision-language models")
         if self._synced_step != self.state.global_step:  # the optimiser stepped: re-quantise its weights
             sync_weights(self.accelerator.unwrap_model(self.model).state_dict(), self._rollout)
             self._synced_step = self.state.global_step

@@ -23,6 +23,9 @@ log-probs are recovered exactly on valid tokens, rollout_logp = old_logp - log(w
 
 The first call checks what arrived and raises a ValueError naming these settings when it cannot be raw
 token weights (none at all, values capped at a threshold, zeros inside the mask, or constant per sequence).
+verl bounds the log-ratio at +-20 before exponentiating, so the recovered rollout log-prob is exact only where
+|old_logp - rollout_logp| <= 20; aisrl clamps log-ratios at the same bound (aisrl.diagnostics.LOG_RATIO_CLAMP),
+so the corrections see what they would have seen with the true rollout log-probs.
 
 verl calls the loss once per micro-batch, and ranks may run different numbers of micro-batches, so the
 correction statistics (alpha and the diagnostics) are computed per micro-batch on each rank
@@ -39,6 +42,7 @@ import math
 import torch
 
 from aisrl.correction import CORRECTIONS, correct
+from aisrl.diagnostics import LOG_RATIO_CLAMP
 from aisrl.dist import local_only
 from aisrl.losses import clipped_surrogate
 
@@ -78,7 +82,8 @@ def check_raw_weights(w: torch.Tensor | None, mask: torch.Tensor) -> None:
         if (spread == 0).all():
             raise _settings_error("rollout_is_weights are constant within every sequence (rollout_is=sequence)")
     top = v.max()
-    if top > 1.0 and (v == top).sum() >= 3:  # raw exp(log-ratio) values practically never tie
+    at_bound = top >= math.exp(LOG_RATIO_CLAMP) * (1 - 1e-6)  # verl's own safety bound: ties there are raw
+    if top > 1.0 and (v == top).sum() >= 3 and not at_bound:  # raw exp(log-ratio) values practically never tie
         raise _settings_error(f"rollout_is_weights look truncated at {top.item():g} (many tokens share the maximum)")
 
 
