@@ -16,9 +16,11 @@ skipping those runs and aggregating results of another experiment; start such a 
 
 Aggregation (per format and method, mean and sample standard deviation over seeds):
 - held-out greedy accuracy at the start, at the end and at its best (a fixed held-out set per seed);
-- collapses: runs whose training reward over the last fifth of steps is below `collapse_fraction` of the
-  best 10-step mean reward of the run (a crash that does not recover; the reward averages hundreds of
-  samples per step, unlike a held-out accuracy on 80 problems whose noise alone halves a 10% score);
+- collapses: runs whose training accuracy (the share of correct samples, hundreds per step) over the last
+  fifth of steps is below `collapse_fraction` of its best 10-step mean (a crash that does not recover). Not
+  the reward: format credit puts a floor under it (0.5 of the lab's 1.5), so a run that lost every correct
+  answer would keep more than half its best reward; not the held-out accuracy on 80 problems either, whose
+  noise alone halves a 10% score;
 - training reward curves, alpha and the three AIS diagnostics, and the rollout/trainer mismatch (k3 KL,
   sequence ESS/N) early (first fifth of steps) and late (last fifth): the non-stationarity check;
 - the share of step time spent in rollout, log-prob recompute, correction, update and weight sync;
@@ -75,7 +77,7 @@ class CompareConfig:
     out: str = "runs/compare"
     """Study directory (one sub-directory per run; compare.json and compare.png at the top)."""
     collapse_fraction: float = 0.5
-    """A run collapsed if its last-fifth training reward is below this fraction of its best 10-step mean."""
+    """A run collapsed if its last-fifth training accuracy is below this fraction of its best 10-step mean."""
     publish: bool = False
     """Also write benchmarks/results/compare.{json,png} and the table of BENCHMARKS.md."""
     final_samples: int = 4
@@ -248,7 +250,7 @@ def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
     xs = [x for x in xs if x is not None]
     if not xs:
         return None, None
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None)  # one seed: no spread
 
 
 def _fifths(vals: list) -> tuple[float | None, float | None]:
@@ -278,9 +280,10 @@ def summarize_run(rows: list[dict], collapse_fraction: float) -> dict:
         "seconds_per_step": total,
         "time_share": {k: v / total for k, v in times.items()},
     }
-    smooth = _smooth(out["reward"], 10)
+    accuracy = [r["accuracy"] for r in rows if r.get("accuracy") is not None]  # share of correct samples
+    smooth = _smooth(accuracy, 10)
     peak = max(smooth[9:] or smooth, default=0.0)  # full 10-step windows only (an early partial one is noise)
-    late = _fifths(out["reward"])[1]
+    late = _fifths(accuracy)[1]
     out["collapsed"] = bool(late is not None and peak > 0 and late < collapse_fraction * peak)
     for key in ("alpha", *DIAGNOSTICS, "k3_kl", "ess"):
         out[key] = [r.get(key) for r in rows]

@@ -15,8 +15,8 @@ from aisrl.compare import CompareConfig, _smooth
 
 
 def _pm(ms, scale: float = 100.0, digits: int = 1) -> str:
-    m, s = ms
-    return "-" if m is None else f"{m * scale:.{digits}f} ± {s * scale:.{digits}f}"
+    m, s = ms  # mean and standard deviation over seeds (no spread for one seed)
+    return "-" if m is None else f"{m * scale:.{digits}f}" + ("" if s is None else f" ± {s * scale:.{digits}f}")
 
 
 def _arrow(g: dict, key: str, digits: int = 3) -> str:
@@ -127,7 +127,9 @@ def publish(cfg: CompareConfig, result: dict, root: str | Path = ".") -> None:
     args = " ".join(shlex.quote(a) for a in argv) if argv[:1] == ["compare"] else ""
     command = f"aisrl {args}" if args else f"aisrl compare {cfg.preset} (see benchmarks/results/{name}.json)"
     body = (f"Command: `{command}`  \nMachine: {result['machine']['processor']}, {result['machine']['cpus']} CPUs, "
-            f"torch {result['machine']['torch']}; {result['max_steps']} steps per run.\n\n{table(result)}\n\n"
+            f"torch {result['machine']['torch']}; {result['max_steps']} steps per run. Cells are mean ± standard "
+            f"deviation over seeds; a collapse is a run whose last-fifth training accuracy is below "
+            f"{cfg.collapse_fraction:g} of its best 10-step mean.\n\n{table(result)}\n\n"
             f"{final_table(result)}\n\n"
             f"![comparison](benchmarks/results/{name}.png)\n")  # fmt: skip
     update_section(root / "BENCHMARKS.md", name, body)

@@ -54,8 +54,8 @@ class RolloutConfig:
     """Completion length limit."""
     engine: str = "hf"
     """Rollout engine: 'hf' (aisrl.rollout.generate on a fake-quantised copy: any causal LM, any format, the
-    GEMM operands rounded exactly) or 'static' (aisrl.engine: Llama/Qwen families, full precision or FP8 E4M3 W8A8 [+ _kv], real FP8
-    GEMMs, FP8 KV cache and CUDA graphs on a GPU)."""
+    GEMM operands rounded exactly) or 'static' (aisrl.engine: Llama/Qwen families, full precision or FP8 E4M3
+    W8A8 [+ _kv], real FP8 GEMMs, FP8 KV cache and CUDA graphs on a GPU)."""
     align: bool = False
     """QaRL: the trainer's forward runs through the rollout format (straight-through to FP32 master weights)."""
     pool: int = 0

@@ -15,6 +15,7 @@ paired_<tag>_<format>... with `tag=`, which keeps the results of another study a
 """
 
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -54,21 +55,33 @@ def collect(dirs: list[Path], kind: str, steps: int, metric: str = "reward") -> 
     out = {}
     for d in dirs:
         for run in sorted((d / kind).glob("seed*")):
-            seed = int(run.name.removeprefix("seed"))
+            digits = run.name.removeprefix("seed")
+            if not digits.isdigit() or str(int(digits)) != digits:
+                continue  # not a run directory of `aisrl compare` (seed07, seed_old, ...)
+            seed = int(digits)
             value = None if seed in out else score(run, steps, metric)
             if value is not None:
                 out[seed] = value
     return out
 
 
+def sign_test(positive: int, negative: int) -> float | None:
+    """Two-sided exact sign-test p-value over the untied seeds (None without any)."""
+    n = positive + negative
+    if n == 0:
+        return None
+    tail = sum(math.comb(n, i) for i in range(min(positive, negative) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
 def summary(values: list[float]) -> dict:
     n = len(values)
     if n == 0:  # e.g. no run of a method has the asked-for final-model score yet
-        return {"n": 0, "mean": None, "std": None, "se": None, "positive": 0}
+        return {"n": 0, "mean": None, "std": None, "se": None, "positive": 0, "ties": 0, "sign_p": None}
     sd = statistics.stdev(values) if n > 1 else None  # one seed has no spread
-    positive = sum(v > 0 for v in values)
+    positive, ties = sum(v > 0 for v in values), sum(v == 0 for v in values)
     return {"n": n, "mean": statistics.mean(values), "std": sd, "se": None if sd is None else sd / n**0.5,
-            "positive": positive}  # fmt: skip
+            "positive": positive, "ties": ties, "sign_p": sign_test(positive, n - positive - ties)}  # fmt: skip
 
 
 def _spread(s: dict) -> str:
@@ -100,7 +113,8 @@ def main(
             s = summary([delta[b][k] - delta[a][k] for k in common])
             result["pairs"][f"{b}-{a}"] = {**s, "seeds": common}
             if s["n"]:
-                print(f"{b:>8} - {a}: {s['mean']:+.3f} ({_spread(s)}); {b} higher on {s['positive']}/{s['n']} seeds")
+                print(f"{b:>8} - {a}: {s['mean']:+.3f} ({_spread(s)}); {b} higher on {s['positive']}/{s['n']} seeds, "
+                      f"{s['ties']} tied (sign test p {s['sign_p']:.2f})")  # fmt: skip
     name = "_".join([*([tag] if tag else []), fmt, *([] if metric == "reward" else [metric])])
     write_json(ROOT / f"benchmarks/results/paired_{name}.json", result)
     return result

@@ -32,7 +32,7 @@ def test_reduced_study_runs_end_to_end_and_resumes(tmp_path, capsys):
     ref, fp8_none, ais = (result["groups"][k]["runs"]["0"] for k in ("reference", "fp8_e4m3_w8a8/none",
                                                                        "fp8_e4m3_w8a8/ais"))  # fmt: skip
     assert all(a is None for a in fp8_none["alpha"]) and all(0 <= a <= 1 for a in ais["alpha"])
-    assert result["groups"]["reference"]["reward_vs_reference"] == [0.0, 0.0]  # paired with itself
+    assert result["groups"]["reference"]["reward_vs_reference"] == [0.0, None]  # paired with itself; one seed
     last = lambda run: statistics.fmean(run["reward"][-1:])  # noqa: E731 - 2 steps: the last fifth is step 2
     assert result["groups"]["fp8_e4m3_w8a8/ais"]["reward_vs_reference"][0] == pytest.approx(last(ais) - last(ref))
     # full-precision rollouts come from an exact copy of the trainer: no mismatch; FP8 rollouts have some
@@ -40,7 +40,7 @@ def test_reduced_study_runs_end_to_end_and_resumes(tmp_path, capsys):
     assert (out / "compare.png").exists() and "| full precision | none | 1 |" in capsys.readouterr().out
     # each final model was scored (aisrl.final_eval): at full precision the sampler is the model itself
     assert ref["policy_reward"] == ref["sampler_reward"] and fp8_none["sampler_reward"] is not None
-    assert result["groups"]["reference"]["policy_vs_reference"] == [0.0, 0.0]
+    assert result["groups"]["reference"]["policy_vs_reference"] == [0.0, None]
     assert result["groups"]["fp8_e4m3_w8a8/ais"]["policy_vs_reference"][0] == pytest.approx(
         ais["policy_reward"] - ref["policy_reward"])
     assert "| fp8_e4m3_w8a8 | ais | 1 |" in final_table(result)
@@ -54,8 +54,9 @@ def test_reduced_study_runs_end_to_end_and_resumes(tmp_path, capsys):
 def _fake_rows(rewards, evals, start, kl):
     rows = []
     for i, r in enumerate(rewards, 1):
-        row = {"step": i, "reward": r, "k3_kl": kl[i - 1], "ess": 1.0, "alpha": None, "time_rollout": 3.0,
-               "time_logprob": 0.5, "time_correction": 0.0, "time_train": 1.0, "time_sync": 0.5}  # fmt: skip
+        row = {"step": i, "reward": r, "accuracy": r, "k3_kl": kl[i - 1], "ess": 1.0, "alpha": None,
+               "time_rollout": 3.0, "time_logprob": 0.5, "time_correction": 0.0, "time_train": 1.0,
+               "time_sync": 0.5}  # fmt: skip
         if i == 1:
             row["eval_accuracy_start"] = start
         if i in evals:
@@ -88,6 +89,10 @@ def test_summaries_and_aggregation_match_hand_computed_values(tmp_path):
     assert g["eval_final"] == pytest.approx((0.225, statistics.stdev([0.1, 0.35])))
     assert g["reward_last_fifth"] == pytest.approx((0.3, statistics.stdev([0.1, 0.5])))
     assert not summarize_run(_fake_rows([0.6] * 7 + [0.35] * 3, {10: 0.1}, 0.3, kl), 0.5)["collapsed"]
+    # collapse is judged on training accuracy: the format credit keeps the reward of a run that lost every
+    # correct answer above half its best (1.5 -> 0.5 + 0.5 * accuracy), but its accuracy falls to 0
+    lost = [dict(r, accuracy=a, reward=0.5 + 0.5 * a) for r, a in zip(seeds[1], [0.9] * 7 + [0.0] * 3, strict=True)]
+    assert lost[-1]["reward"] > 0.5 * lost[0]["reward"] and summarize_run(lost, 0.5)["collapsed"]
     # an unfinished run is reported missing, not averaged in
     g = aggregate(cfg, plan(cfg), max_steps=12)["groups"]["mxfp4/tis"]
     assert g["runs"] == {} and g["missing"] == [0, 1] and g["eval_final"] == (None, None)
@@ -111,7 +116,7 @@ def test_only_current_final_scores_are_aggregated(tmp_path):
             (d / "final_eval.json").write_text(json.dumps(scores))
     g = aggregate(cfg, plan(cfg), max_steps=10)["groups"]["mxfp4/tis"]
     assert "policy_reward" in g["runs"]["0"] and "policy_reward" not in g["runs"]["1"]
-    assert g["policy_reward"] == (0.7, 0.0)  # seed 0 alone; seeds 1 (stale) and 2 (unscored) left out
+    assert g["policy_reward"] == (0.7, None)  # seed 0 alone; seeds 1 (stale) and 2 (unscored) left out
     assert "| mxfp4 | tis | 1 |" in final_table(aggregate(cfg, plan(cfg), max_steps=10))
     other = CompareConfig(**{**cfg.__dict__, "final_samples": 8})  # scores of other settings do not count
     assert aggregate(other, plan(other), max_steps=10)["groups"]["mxfp4/tis"]["policy_reward"] == (None, None)
@@ -127,7 +132,7 @@ def test_publish_writes_results_and_benchmarks_section(tmp_path):
     publish(cfg, result, root=tmp_path)
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "kept" in text and "<!-- BEGIN compare -->" in text
-    assert "| int4 | none | 1 | 25.0 ± 0.0 | 30.0 ± 0.0 | 30.0 ± 0.0 | 0/1 |" in text and "| - |" in text
+    assert "| int4 | none | 1 | 25.0 | 30.0 | 30.0 | 0/1 |" in text and "| - |" in text  # one seed: no ± spread
     assert (tmp_path / "benchmarks/results/compare.png").exists()
     cfg.preset = "diffusion_lab"  # another preset's study keeps its own section and files
     publish(cfg, result, root=tmp_path)
@@ -271,3 +276,17 @@ def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch)
     assert (tmp_path / "benchmarks/results/paired_x_fmt_greedy_accuracy.json").exists()
     with pytest.raises(ValueError, match="unknown metric 'acc'; choose from"):
         mod.main([tmp_path / "a"], "fmt", ["tis"], steps=10, metric="acc")
+
+
+def test_paired_seeds_counts_ties_and_gives_an_exact_sign_test():
+    import importlib.util
+
+    script = Path(__file__).parent.parent / "benchmarks/paired_seeds.py"
+    spec = importlib.util.spec_from_file_location("paired_seeds", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    s = mod.summary([0.1, 0.2, 0.0, -0.1, 0.3, 0.0])
+    assert (s["positive"], s["ties"]) == (3, 2)
+    assert s["sign_p"] == pytest.approx(2 * (1 + 4) / 16)  # 3 up, 1 down: P(X <= 1 | n=4) = 5/16, two-sided
+    assert mod.sign_test(6, 13) == pytest.approx(0.1671, abs=1e-4)  # 6 of 19 untied, as quoted in docs/ais.md
+    assert mod.sign_test(0, 0) is None and mod.sign_test(5, 0) == pytest.approx(2 / 32)
