@@ -5,7 +5,8 @@
 
 A study grows by runs in several directories (more seeds later). This script pools them and compares each
 method's score with the full-precision run of the same seed (same prompts and sampling seeds), then
-compares methods with each other seed by seed. The score is the last-fifth training reward (`reward`, the
+compares methods with each other seed by seed (over the seeds both finished, with or without a reference).
+The score is the last-fifth training reward (`reward`, the
 default), the held-out greedy accuracy the trainer measured at the last step (`greedy_accuracy`; the run
 must evaluate at its last step), or one of the final-model scores `aisrl compare` writes to each run's final_eval.json
 (aisrl.final_eval). Only finished runs count: a run whose metrics stop before its last step, or that has
@@ -94,10 +95,8 @@ def main(
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose from {sorted(METRICS)}")
     ref = collect(dirs, "reference", steps, metric)
-    delta = {}
-    for m in methods:
-        runs = collect(dirs, f"{fmt}/{m}", steps, metric)
-        delta[m] = {s: runs[s] - ref[s] for s in sorted(runs) if s in ref}
+    runs = {m: collect(dirs, f"{fmt}/{m}", steps, metric) for m in methods}
+    delta = {m: {s: runs[m][s] - ref[s] for s in sorted(runs[m]) if s in ref} for m in methods}
     result = {"dirs": [str(d) for d in dirs], "format": fmt, "steps": steps, "metric": metric,
               "vs_full_precision": {}, "pairs": {}}  # fmt: skip
     for m, d in delta.items():
@@ -109,8 +108,8 @@ def main(
         print(f"{m:>8} - full precision: {s['mean']:+.3f} ({_spread(s)}; {s['n']} seeds)")
     for i, a in enumerate(methods):
         for b in methods[i + 1 :]:
-            common = sorted(set(delta[a]) & set(delta[b]))
-            s = summary([delta[b][k] - delta[a][k] for k in common])
+            common = sorted(set(runs[a]) & set(runs[b]))  # method against method: no reference run needed
+            s = summary([runs[b][k] - runs[a][k] for k in common])
             result["pairs"][f"{b}-{a}"] = {**s, "seeds": common}
             if s["n"]:
                 print(f"{b:>8} - {a}: {s['mean']:+.3f} ({_spread(s)}); {b} higher on {s['positive']}/{s['n']} seeds, "

@@ -245,6 +245,14 @@ def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch)
     pair = out["pairs"]["tis-none"]
     assert pair["seeds"] == [0, 1] and abs(pair["mean"] - 0.08) < 1e-12 and pair["positive"] == 2
     assert (tmp_path / "benchmarks/results/paired_fmt.json").exists()
+    # two methods are compared on every seed both finished, also where no full-precision run exists yet
+    run("b", "fmt/none", 3, [0.0] * 8 + [0.3, 0.3])
+    run("b", "fmt/tis", 3, [0.0] * 8 + [0.2, 0.2])
+    out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["none", "tis"], steps=10)
+    assert out["vs_full_precision"]["tis"]["seeds"] == [0, 1] and out["pairs"]["tis-none"]["seeds"] == [0, 1, 3]
+    assert abs(out["pairs"]["tis-none"]["mean"] - (0.06 + 0.1 - 0.1) / 3) < 1e-12
+    for kind in ("fmt/none", "fmt/tis"):
+        (tmp_path / "b" / kind / "seed3" / "metrics.jsonl").unlink()
     # a final-model score instead: only runs that have a final_eval.json count
     for d, kind, seed, score in (("a", "reference", 0, 0.8), ("b", "reference", 1, 0.7), ("a", "fmt/tis", 0, 0.75),
                                  ("b", "fmt/tis", 1, 0.72), ("b", "fmt/tis", 2, 0.1)):  # fmt: skip
