@@ -1,4 +1,4 @@
-"""`aisrl` command line: train, eval, compare (the study), mismatch (the doctor), bench estimator."""
+"""`aisrl` command line: train, eval, compare (the study), branch (continuations), mismatch (the doctor), bench."""
 
 from __future__ import annotations
 
@@ -54,20 +54,41 @@ def _train(args) -> int:
 
 def _compare(args) -> int:
     """`[PRESET] [key=value ...]`: keys of CompareConfig configure the study, any other key trains every run."""
-    import dataclasses
-
     from aisrl.compare import CompareConfig, run_study
     from aisrl.compare_report import table
     from aisrl.config import apply_overrides
 
-    items = [args.preset, *args.overrides] if args.preset and "=" in args.preset else list(args.overrides)
-    study = {f.name for f in dataclasses.fields(CompareConfig)}
     cfg = CompareConfig(preset=args.preset if args.preset and "=" not in args.preset else "lab")
-    apply_overrides(cfg, [o for o in items if o.split("=", 1)[0] in study])
-    cfg.train += [o for o in items if o.split("=", 1)[0] not in study]
+    own, train = _study_args(args, CompareConfig)
+    apply_overrides(cfg, own)
+    cfg.train += train
     result = run_study(cfg)
     print(table(result))
     print(f"results: {cfg.out}/compare.json  figure: {cfg.out}/compare.png")
+    return 0
+
+
+def _study_args(args, config_cls) -> tuple[list[str], list[str]]:
+    """Split `[PRESET] key=value ...` into the study's own keys (fields of config_cls) and training overrides."""
+    import dataclasses
+
+    items = [args.preset, *args.overrides] if args.preset and "=" in args.preset else list(args.overrides)
+    own = {f.name for f in dataclasses.fields(config_cls)}
+    return [o for o in items if o.split("=", 1)[0] in own], [o for o in items if o.split("=", 1)[0] not in own]
+
+
+def _branch(args) -> int:
+    """`[PRESET] run=DIR step=N [salts=[...]] [key=value ...]`: continue a run from a checkpoint, once per salt."""
+    from aisrl.branch import BranchConfig, run_branches, table
+    from aisrl.config import apply_overrides
+
+    cfg = BranchConfig()
+    own, cfg.train = _study_args(args, BranchConfig)
+    apply_overrides(cfg, own)
+    if args.preset and "=" not in args.preset:
+        cfg.preset = args.preset
+    result = run_branches(cfg)
+    print(table(result))
     return 0
 
 
@@ -122,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     mis.set_defaults(func=_mismatch)
     for name, fn, text in (("train", _train, "GRPO with low-precision rollouts (resumes from output_dir)"),
                            ("eval", _eval, "held-out greedy accuracy of the latest checkpoint"),
-                           ("compare", _compare, "study: precisions x corrections x seeds")):  # fmt: skip
+                           ("compare", _compare, "study: precisions x corrections x seeds"),
+                           ("branch", _branch, "continue a run from a checkpoint, per salt")):  # fmt: skip
         p = sub.add_parser(name, help=text)
         p.add_argument("preset", nargs="?", help="preset name (aisrl/presets) or YAML file; default: lab")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. max_steps=20 correction.name=tis")

@@ -21,6 +21,8 @@ Aggregation (per format and method, mean and sample standard deviation over seed
   the reward: format credit puts a floor under it (0.5 of the lab's 1.5), so a run that lost every correct
   answer would keep more than half its best reward; not the held-out accuracy on 80 problems either, whose
   noise alone halves a 10% score;
+- falls: runs whose final held-out greedy accuracy is `fall` or more below their best evaluation (a late loss
+  a collapse misses; diagnose one with `aisrl branch`);
 - training reward curves, alpha and the three AIS diagnostics, and the rollout/trainer mismatch (k3 KL,
   sequence ESS/N) early (first fifth of steps) and late (last fifth): the non-stationarity check;
 - the share of step time spent in rollout, log-prob recompute, correction, update and weight sync;
@@ -78,6 +80,9 @@ class CompareConfig:
     """Study directory (one sub-directory per run; compare.json and compare.png at the top)."""
     collapse_fraction: float = 0.5
     """A run collapsed if its last-fifth training accuracy is below this fraction of its best 10-step mean."""
+    fall: float = 0.08
+    """A run fell if its final held-out greedy accuracy is this much below its best evaluation (0.08 = 8 points,
+    about 3.5 standard errors on 500 problems; on the lab's 80 it is about 2, so expect some falls from noise)."""
     publish: bool = False
     """Also write benchmarks/results/compare.{json,png} and the table of BENCHMARKS.md."""
     final_samples: int = 4
@@ -204,28 +209,35 @@ def _run_here(todo: list[Run], cfg: CompareConfig, log) -> None:
 
 
 def _run_subprocesses(todo: list[Run], cfg: CompareConfig, log) -> None:
-    """`jobs` concurrent `aisrl train` processes, each limited to its share of the cores."""
-    threads = max(1, (os.cpu_count() or 1) // cfg.jobs)
+    runs = [(f"{r.group} seed {r.seed}", [cfg.preset, *r.overrides(cfg)], r.path(cfg.out)) for r in todo]
+    train_subprocesses(runs, cfg.jobs, lambda m: log(f"compare: {m}"))
+
+
+def train_subprocesses(runs: list[tuple[str, list[str], Path]], jobs: int, log) -> None:
+    """`jobs` concurrent `aisrl train ARGS...` processes, each limited to its share of the cores. `runs` holds
+    (label, train arguments, run folder); each process appends to the folder's train.log."""
+    threads = max(1, (os.cpu_count() or 1) // jobs)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    pending, active, failed = list(todo), {}, []
+    pending, active, failed = list(runs), {}, []
     while pending or active:
-        while pending and len(active) < cfg.jobs:
-            run = pending.pop(0)
-            run.path(cfg.out).mkdir(parents=True, exist_ok=True)
-            cmd = [sys.executable, "-m", "aisrl.cli", "train", cfg.preset, *run.overrides(cfg)]
-            with open(run.path(cfg.out) / "train.log", "a") as logf:  # the child keeps its own handle
-                active[run] = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
-            log(f"compare: started {run.group} seed {run.seed}")
+        while pending and len(active) < jobs:
+            label, args, folder = pending.pop(0)
+            folder.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, "-m", "aisrl.cli", "train", *args]
+            with open(folder / "train.log", "a") as logf:  # the child keeps its own handle
+                active[label] = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
+            log(f"started {label}")
         time.sleep(1)
-        for run, proc in list(active.items()):
+        for label, proc in list(active.items()):
             if proc.poll() is None:
                 continue
-            del active[run]
+            del active[label]
             if proc.returncode != 0:
-                failed.append(run)
-                log(f"compare: {run.group} seed {run.seed} failed (exit {proc.returncode}), see its train.log")
+                failed.append(label)
+                log(f"{label} failed (exit {proc.returncode}), see its train.log")
     if failed:
-        raise RuntimeError(f"{len(failed)} runs failed; fix and re-run the same command to resume them")
+        raise RuntimeError(f"{len(failed)} runs failed ({', '.join(failed)}); fix and re-run the same command to "
+                           "resume them")  # fmt: skip
 
 
 def _evaluate_finals(cfg: CompareConfig, runs: list[Run], max_steps: int, log) -> None:
@@ -267,8 +279,8 @@ def _accuracies(rows: list[dict], name: str) -> dict:
     return {f"{name}_start": start, f"{name}_final": evals[-1] if evals else None, f"{name}_best": best}
 
 
-def summarize_run(rows: list[dict], collapse_fraction: float) -> dict:
-    """One run's numbers: held-out accuracy (start, final, best, collapsed), reward, mismatch, time shares."""
+def summarize_run(rows: list[dict], collapse_fraction: float, fall: float = 0.08) -> dict:
+    """One run's numbers: held-out accuracy (start, final, best; collapsed, fell), reward, mismatch, time shares."""
     times = {k: _mean_std([r.get(k) for r in rows])[0] or 0.0 for k in TIMES}
     total = sum(times.values()) or 1.0
     out = {
@@ -285,6 +297,7 @@ def summarize_run(rows: list[dict], collapse_fraction: float) -> dict:
     peak = max(smooth[9:] or smooth, default=0.0)  # full 10-step windows only (an early partial one is noise)
     late = _fifths(accuracy)[1]
     out["collapsed"] = bool(late is not None and peak > 0 and late < collapse_fraction * peak)
+    out["fell"] = out["eval_final"] is not None and out["eval_best"] - out["eval_final"] >= fall - 1e-9  # 8/100: 0.08
     for key in ("alpha", *DIAGNOSTICS, "k3_kl", "ess"):
         out[key] = [r.get(key) for r in rows]
         out[f"{key}_early"], out[f"{key}_late"] = _fifths(out[key])
@@ -313,7 +326,7 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
         g = groups.setdefault(run.group, {"format": run.fmt, "method": run.method, "runs": {}, "missing": []})
         rows = run_rows(run.path(cfg.out))
         if rows and rows[-1]["step"] >= max_steps:
-            g["runs"][str(run.seed)] = summarize_run(rows[:max_steps], cfg.collapse_fraction)
+            g["runs"][str(run.seed)] = summarize_run(rows[:max_steps], cfg.collapse_fraction, cfg.fall)
             if cfg.final_samples > 0:  # only scores of this checkpoint and these settings
                 g["runs"][str(run.seed)].update(cached_scores(run.path(cfg.out), cfg.final_samples) or {})
         else:
@@ -326,6 +339,7 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
             g[key] = _mean_std([r.get(key) for r in rs])
         g["reward_last_fifth"] = _mean_std([_last_fifth(r) for r in rs])
         g["collapses"] = sum(r["collapsed"] for r in rs)
+        g["falls"] = sum(r.get("fell", False) for r in rs)
         g["time_share"] = {k: _mean_std([r["time_share"][k] for r in rs])[0] for k in TIMES}
     ref = groups.get(REFERENCE, {}).get("runs", {})
     for g in groups.values():  # paired by seed: same prompts and sampling seeds as the reference run

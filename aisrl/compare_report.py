@@ -26,10 +26,11 @@ def _arrow(g: dict, key: str, digits: int = 3) -> str:
 
 def table(result: dict) -> str:
     """Markdown table: one row per group, the reference first."""
-    head = ("| rollout | correction | seeds | held-out start % | final % | best % | collapses | train-prompt start % "
+    head = ("| rollout | correction | seeds | held-out start % | final % | best % | collapses | falls "
+            "| train-prompt start % "
             "| final % | reward (last fifth) | Δ reward vs full precision (paired) "
             "| alpha early → late | k3 KL early → late | ESS/N early → late | rollout share | s/step |")  # fmt: skip
-    lines = [head, "|" + "---|" * 16]
+    lines = [head, "|" + "---|" * 17]
     for g in result["groups"].values():
         n = len(g["runs"])
         if not n:
@@ -37,6 +38,7 @@ def table(result: dict) -> str:
         lines.append(
             f"| {'full precision' if g['format'] == 'none' else g['format']} | {g['method']} | {n} "
             f"| {_pm(g['eval_start'])} | {_pm(g['eval_final'])} | {_pm(g['eval_best'])} | {g['collapses']}/{n} "
+            f"| {g.get('falls', 0)}/{n} "
             f"| {_pm(g['fit_start'])} | {_pm(g['fit_final'])} | {_pm(g['reward_last_fifth'], 1, 3)} "
             f"| {_pm(g.get('reward_vs_reference', (None, None)), 1, 3)} "
             f"| {_arrow(g, 'alpha')} | {_arrow(g, 'k3_kl', 2)} "
@@ -129,7 +131,8 @@ def publish(cfg: CompareConfig, result: dict, root: str | Path = ".") -> None:
     body = (f"Command: `{command}`  \nMachine: {result['machine']['processor']}, {result['machine']['cpus']} CPUs, "
             f"torch {result['machine']['torch']}; {result['max_steps']} steps per run. Cells are mean ± standard "
             f"deviation over seeds; a collapse is a run whose last-fifth training accuracy is below "
-            f"{cfg.collapse_fraction:g} of its best 10-step mean.\n\n{table(result)}\n\n"
+            f"{cfg.collapse_fraction:g} of its best 10-step mean; a fall, a run whose final held-out greedy "
+            f"accuracy is {100 * cfg.fall:g} points or more below its best evaluation.\n\n{table(result)}\n\n"
             f"{final_table(result)}\n\n"
             f"![comparison](benchmarks/results/{name}.png)\n")  # fmt: skip
     update_section(root / "BENCHMARKS.md", name, body)

@@ -75,6 +75,13 @@ class CorrectionConfig:
     """Use rollout_logp as old_logp and skip the trainer-side recompute (then every weight is 1)."""
     mask_errors: bool = False
     """Drop tokens the error-token detector flags (loops, runs of large log-ratios) from the loss."""
+    guard: float = 0.0
+    """Mismatch guard: when a batch's rollout/trainer k3 KL exceeds this many times the median of the last 10 steps',
+    undo the previous update and train on nothing this step (e.g. 4; 0 = off). aisrl.update.MismatchGuard."""
+    veto: float = 0.0
+    """Guard around any correction: drop every sequence in which a token's weight w = pi/mu falls below this (e.g.
+    1e-3: a token the trainer finds a thousand times less likely than the sampler did decides the rest of its
+    sequence, and its reward); 0 = off. It is the `veto` rule of aisrl.correction, applied after the correction."""
 
 
 @dataclass
@@ -95,6 +102,9 @@ class LoraSettings:
 class TrainConfig:
     seed: int = 0
     """Seed of prompts, sampling and initialisation."""
+    sample_salt: int = 0
+    """Shifts every rollout's sampling seed and nothing else (prompts stay those of `seed`): 0 is the run itself;
+    a branch (`aisrl branch`) continued from a checkpoint with salt k draws another continuation of that state."""
     max_steps: int = 60
     """GRPO steps."""
     output_dir: str = "runs/lab"

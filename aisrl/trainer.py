@@ -7,8 +7,9 @@ One step:
     -> optimizer step -> weight sync (re-quantise the trainer into the rollout copy or engine)
 
 Everything random in a step is derived from (seed, step): the prompts and every request's sampling
-seed. So a run resumed from a checkpoint continues exactly as an uninterrupted run would, and a resume with
-other settings is refused (aisrl.checkpoint.record_config). Outputs in `output_dir`: config.json (the settings),
+seed (shifted by `sample_salt`, which `aisrl branch` uses to draw other continuations of a checkpoint). So a run
+resumed from a checkpoint continues exactly as an uninterrupted run would, and a resume with other settings is
+refused (aisrl.checkpoint.record_config). Outputs in `output_dir`: config.json (the settings),
 metrics.jsonl (one row per step), checkpoints/, report.png and summary.json.
 """
 
@@ -20,6 +21,7 @@ import functools
 import json
 import random
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -36,7 +38,7 @@ from aisrl.rollout import SamplingParams, device_of
 from aisrl.solrl import select_extremes
 from aisrl.tracking import Tracker
 from aisrl.train_config import TrainConfig
-from aisrl.update import _eval_mode, _update
+from aisrl.update import MismatchGuard, _eval_mode, _update
 
 
 def build(cfg: TrainConfig):
@@ -142,6 +144,14 @@ def validate(cfg: TrainConfig) -> None:
                 **_correction_options(cfg, None))  # fmt: skip
     except ValueError as e:
         raise ValueError(f"correction settings: {e}") from e
+    if cfg.correction.guard < 0 or 0 < cfg.correction.guard <= 1:
+        raise ValueError(f"correction.guard is a factor over the recent k3 KL: 0 (off) or above 1, e.g. 4; "
+                         f"got {cfg.correction.guard}")  # fmt: skip
+    if not 0.0 <= cfg.correction.veto < 1.0:
+        raise ValueError(f"correction.veto is a weight below which a sequence is dropped, in [0, 1); "
+                         f"got {cfg.correction.veto}")  # fmt: skip
+    if not 0 <= cfg.sample_salt < 1_000_000:  # larger salts would overflow the engine's int64 seeds
+        raise ValueError(f"sample_salt must be in [0, 1000000), got {cfg.sample_salt}")
     if cfg.agg not in AGGREGATIONS:
         raise ValueError(f"unknown agg {cfg.agg!r}; choose from {list(AGGREGATIONS)}")
     if cfg.loss not in LOSSES:
@@ -189,6 +199,11 @@ def _correction_options(cfg: TrainConfig, prev_alpha):
     if name == "ais" and cfg.correction.ema > 0:
         opts.update(ema=cfg.correction.ema, prev_alpha=prev_alpha)
     return opts
+
+
+def _keep_only(res, keep: torch.Tensor):
+    """The correction result with only the tokens in `keep` (N, T) left in the loss."""
+    return res._replace(mask=res.mask & keep, weights=torch.where(keep, res.weights, 0.0))
 
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
@@ -273,11 +288,11 @@ def train(cfg: TrainConfig, log=print) -> dict:
                          f"prompts_per_step={cfg.prompts_per_step} and one held-out problem")  # fmt: skip
 
     record_config(out, dataclasses.asdict(cfg), write=rank == 0)  # everything built: this run is under way
-    start, prev_alpha = 0, None
+    start, prev_alpha, history = 0, None, []
     ckpt = latest_checkpoint(out)
     if ckpt is not None:
         state = load_checkpoint(ckpt, model, opt)
-        start, prev_alpha = state["step"], state["extra"].get("prev_alpha")
+        start, prev_alpha, history = state["step"], state["extra"].get("prev_alpha"), state["extra"].get("k3", [])
         sched.last_epoch = start  # the optimizer's restored lr is already the one for step start + 1
         sync(merged_state(model))
         log(f"resumed from {ckpt} at step {start}")
@@ -290,6 +305,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         log(f"{out} is already at step {start} (max_steps={cfg.max_steps}); nothing to train")
 
     B, G = cfg.prompts_per_step, cfg.group_size
+    guard = MismatchGuard(cfg.correction.guard, history=history)
     tracker = Tracker(out, cfg.max_steps, start, log) if rank == 0 else None
     for step in range(start + 1, cfg.max_steps + 1):
         t, row = {}, {}
@@ -299,7 +315,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
         rng = random.Random(cfg.seed * 1_000_003 + step)
         K = cfg.rollout.pool or G  # candidates sampled per prompt (Sol-RL samples more and keeps G)
         problems = [p for p in rng.sample(pool, min(B, len(pool))) for _ in range(K)]
-        seeds = [(cfg.seed * 1_000_003 + step) * 4096 + i for i in range(len(problems))]
+        stream = cfg.seed * 1_000_003 + step + cfg.sample_salt * 1_000_000_007  # a salt moves samples, not prompts
+        seeds = [stream * 4096 + i for i in range(len(problems))]  # distinct in the low 32 bits CPU generators keep
         shard = slice(rank * len(problems) // world, (rank + 1) * len(problems) // world)  # whole groups per rank
         problems, seeds = problems[shard], seeds[shard]
         t0 = time.perf_counter()
@@ -332,14 +349,26 @@ def train(cfg: TrainConfig, log=print) -> dict:
         errors = error_tokens(r.completion_ids, r.completion_mask, old_logp - r.rollout_logp)  # (N, T)
         (n_err,) = all_sum(errors.sum().double())
         res.metrics["error_token_frac"] = n_err / res.metrics["num_tokens"].clamp(min=1)
+        if cfg.correction.veto > 0:  # whole sequences that hold a catastrophic token leave the loss
+            veto = correct("veto", old_logp, r.rollout_logp, r.completion_mask, threshold=cfg.correction.veto)
+            res = _keep_only(res, veto.mask)
+            res.metrics["veto_frac_seq"] = veto.metrics["mask_frac_seq"]
         if cfg.correction.mask_errors:
-            res = res._replace(mask=res.mask & ~errors, weights=torch.where(errors, 0.0, res.weights))
+            res = _keep_only(res, ~errors)
+        if guard.tripped(res.metrics["k3_kl"].item()):  # the last update left the rollout copy behind: undo it
+            res = _keep_only(res, torch.zeros_like(res.mask))
+            res.metrics["guard_rollback"] = torch.tensor(float(guard.restore(model, opt)))
+        elif cfg.correction.guard > 0:
+            guard.save(model, opt)
+            res.metrics["guard_rollback"] = torch.tensor(0.0)
         t["time_correction"] = time.perf_counter() - t0
         # 4. mu epochs of the clipped loss over micro-batches, one optimizer step per epoch
         t0 = time.perf_counter()
         score = functools.partial(_score_at, policy, step=step, precision=cfg.precision)  # (diffusion: its seed)
         loss_metrics = _update(cfg, model, ref, opt, r, old_logp, adv, res, score, policy.order(r))
-        sched.step()
+        with warnings.catch_warnings():  # a skipped update (nothing left to train on) still advances the schedule
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
+            sched.step()
         t["time_train"] = time.perf_counter() - t0
         # 5. weight sync into the rollout copy
         t["time_sync"] = sync(merged_state(model))
@@ -352,7 +381,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         if rank == 0:
             tracker.log_step(row)
             if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
-                save_checkpoint(out, step, model, opt, {"prev_alpha": prev_alpha})
+                save_checkpoint(out, step, model, opt, {"prev_alpha": prev_alpha, "k3": guard.history})
     if rank != 0:
         return {}
     tracker.close()

@@ -10,6 +10,8 @@ sequence) count, so accumulating them gives exactly the full-batch loss of aisrl
 from __future__ import annotations
 
 import contextlib
+import copy
+import statistics
 
 import torch
 
@@ -80,3 +82,41 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
             opt.step()
     acc["update_skipped"] = float(tok_total == 0)
     return acc
+
+
+class MismatchGuard:
+    """Undo an update after which the rollout copy stopped matching the trainer (`correction.guard`).
+
+    On `lab_columns` every late fall of an FP8 + AIS run began with one step whose rollout/trainer k3 KL was about
+    ten times that of the steps before (docs/ais.md section 5): an update had moved the trainer into weights its
+    low-precision copy represents badly. When a batch's k3 exceeds `factor` times the median of the last `window`
+    steps' (once half the window is filled), `tripped` says so, the weights and optimizer state saved before the
+    last update come back (`restore`), and the step trains on nothing. Costs a copy of the weights and the
+    optimizer state; off (factor 0) it does nothing.
+    """
+
+    def __init__(self, factor: float, window: int = 10, history: list[float] | None = None):
+        self.factor, self.window = factor, window
+        self.history = list(history or [])[-window:]
+        self.saved = None
+
+    def tripped(self, k3: float) -> bool:
+        if self.factor <= 0:
+            return False
+        trip = len(self.history) >= self.window // 2 and k3 > self.factor * statistics.median(self.history)
+        if not trip:  # a tripped batch is an outlier: it stays out of the baseline
+            self.history = [*self.history, k3][-self.window :]
+        return trip
+
+    def save(self, model, opt) -> None:
+        if self.factor > 0:
+            self.saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
+
+    def restore(self, model, opt) -> bool:
+        """Back to the weights before the last update; False if there is none (the first step after a resume)."""
+        if self.saved is None:
+            return False
+        model.load_state_dict(self.saved[0])
+        opt.load_state_dict(self.saved[1])
+        self.saved = None
+        return True

@@ -113,7 +113,7 @@ def main(
             result["pairs"][f"{b}-{a}"] = {**s, "seeds": common}
             if s["n"]:
                 print(f"{b:>8} - {a}: {s['mean']:+.3f} ({_spread(s)}); {b} higher on {s['positive']}/{s['n']} seeds, "
-                      f"{s['ties']} tied (sign test p {s['sign_p']:.2f})")  # fmt: skip
+                      f"{s['ties']} tied (sign test p {s['sign_p']:.2g})")  # fmt: skip
     name = "_".join([*([tag] if tag else []), fmt, *([] if metric == "reward" else [metric])])
     write_json(ROOT / f"benchmarks/results/paired_{name}.json", result)
     return result

@@ -3,3 +3,14 @@
 # A lab run small enough for tests: a 1-layer width-32 model, no SFT, 4 prompts x 4 samples, 8 tokens.
 TINY_LAB = ["lab.hidden=32", "lab.layers=1", "lab.sft_max_steps=0", "prompts_per_step=4", "group_size=4",
             "rollout.max_new_tokens=8", "eval_problems=8", "train_problems=64"]  # fmt: skip
+
+
+def load_benchmark(name: str):
+    """A script of benchmarks/ (not a package) imported as a module, for tests of its functions."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent.parent / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -2,10 +2,9 @@
 
 import json
 import statistics
-from pathlib import Path
 
 import pytest
-from conftest import TINY_LAB
+from conftest import TINY_LAB, load_benchmark
 
 from aisrl.cli import main
 from aisrl.compare import CompareConfig, Run, aggregate, plan, run_study, summarize_run
@@ -78,14 +77,15 @@ def test_summaries_and_aggregation_match_hand_computed_values(tmp_path):
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     one = summarize_run(seeds[0], 0.5)
     assert (one["eval_start"], one["eval_final"], one["eval_best"]) == (0.3, 0.1, 0.4)
-    assert one["collapsed"]
+    assert one["collapsed"] and one["fell"]  # 0.4 at its best, 0.1 at the end
+    assert not summarize_run(seeds[0], 0.5, fall=0.31)["fell"] and not summarize_run(seeds[1], 0.5)["fell"]
     assert one["k3_kl_early"] == pytest.approx(0.15) and one["k3_kl_late"] == pytest.approx(0.95)
     assert one["time_share"]["time_rollout"] == pytest.approx(0.6) and one["seconds_per_step"] == pytest.approx(5)
     assert one["alpha_kl_corr"] is None  # no alpha in a tis run
     alpha_rows = [dict(r, alpha=0.5 + r["k3_kl"]) for r in seeds[0]]
     assert summarize_run(alpha_rows, 0.5)["alpha_kl_corr"] == pytest.approx(1.0)
     g = aggregate(cfg, plan(cfg), max_steps=10)["groups"]["mxfp4/tis"]
-    assert g["collapses"] == 1 and g["missing"] == []  # seed 1's reward is flat
+    assert g["collapses"] == 1 and g["falls"] == 1 and g["missing"] == []  # seed 1's reward is flat
     assert g["eval_final"] == pytest.approx((0.225, statistics.stdev([0.1, 0.35])))
     assert g["reward_last_fifth"] == pytest.approx((0.3, statistics.stdev([0.1, 0.5])))
     assert not summarize_run(_fake_rows([0.6] * 7 + [0.35] * 3, {10: 0.1}, 0.3, kl), 0.5)["collapsed"]
@@ -217,12 +217,7 @@ def test_recipes_become_training_overrides():
 
 
 def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch):
-    import importlib.util
-
-    script = Path(__file__).parent.parent / "benchmarks/paired_seeds.py"
-    spec = importlib.util.spec_from_file_location("paired_seeds", script)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("paired_seeds")
     monkeypatch.setattr(mod, "ROOT", tmp_path)
 
     def run(d, kind, seed, rewards):
@@ -287,12 +282,7 @@ def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch)
 
 
 def test_paired_seeds_counts_ties_and_gives_an_exact_sign_test():
-    import importlib.util
-
-    script = Path(__file__).parent.parent / "benchmarks/paired_seeds.py"
-    spec = importlib.util.spec_from_file_location("paired_seeds", script)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("paired_seeds")
     s = mod.summary([0.1, 0.2, 0.0, -0.1, 0.3, 0.0])
     assert (s["positive"], s["ties"]) == (3, 2)
     assert s["sign_p"] == pytest.approx(2 * (1 + 4) / 16)  # 3 up, 1 down: P(X <= 1 | n=4) = 5/16, two-sided

@@ -166,6 +166,9 @@ save_checkpoint({str(tmp_path)!r}, 2, m, torch.optim.AdamW(m.parameters()), {{}}
         (["device=tpu0"], "device 'tpu0' is not a device name"),
         (["device=cuda:7"], "device 'cuda:7' asked for, but this machine has"),
         (["precision=fp16"], "unknown precision 'fp16'; choose from ['bf16', 'fp32']"),
+        (["sample_salt=-1"], "sample_salt must be in [0, 1000000), got -1"),
+        (["correction.veto=1.5"], "correction.veto is a weight below which a sequence is dropped"),
+        (["correction.guard=0.5"], "correction.guard is a factor over the recent k3 KL"),
     ],
 )
 def test_bad_config_fails_with_a_clear_message(args, message, capsys, monkeypatch):
@@ -255,3 +258,65 @@ def test_every_preset_is_a_valid_config(preset):
     cfg = load_config(preset, ["device=cpu"])  # GPU presets are checked here without a GPU
     validate(cfg)
     assert cfg.max_steps >= 1 and cfg.output_dir.startswith("runs/")
+
+
+def test_veto_drops_the_sequences_that_hold_a_catastrophic_token(tmp_path, monkeypatch):
+    # a reward that varies, so an update would move the weights; FP8 rollouts put w != 1 on nearly every token
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    base = [*TINY, "max_steps=1", "rollout.quant=fp8_e4m3_w8a8", "correction.name=tis"]
+    train(load_config("lab", [*base, f"output_dir={tmp_path / 'a'}"]), log=lambda _: None)
+    train(load_config("lab", [*base, "correction.veto=0.999999", f"output_dir={tmp_path / 'b'}"]), log=lambda _: None)
+    train(load_config("lab", [*base, "correction.veto=1e-30", f"output_dir={tmp_path / 'c'}"]), log=lambda _: None)
+    (a,), (b,), (c,) = rows(tmp_path / "a"), rows(tmp_path / "b"), rows(tmp_path / "c")
+    assert "veto_frac_seq" not in a and a["update_skipped"] == 0.0 and a["grad_norm"] > 0
+    assert b["veto_frac_seq"] == 1.0 and b["update_skipped"] == 1.0  # every sequence has a token with w < 1 - 1e-6
+    assert c["veto_frac_seq"] == 0.0 and c["grad_norm"] == a["grad_norm"]  # nothing that unlikely: the same update
+
+
+def test_mismatch_guard_trips_on_a_jump_of_the_k3_kl_and_restores_the_saved_weights():
+    from aisrl.update import MismatchGuard
+
+    g = MismatchGuard(4.0, window=4)
+    assert [g.tripped(k) for k in (1.0, 1.2, 100.0)] == [False, False, True]  # a full half-window first
+    assert g.history == [1.0, 1.2]  # the tripped batch stays out of the baseline
+    assert not g.tripped(4.0) and g.history == [1.0, 1.2, 4.0]  # below 4 x the median 1.1: kept
+    assert g.tripped(4.9) and not g.tripped(4.7)  # the median is now 1.2: the bar is 4.8
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    assert not g.restore(model, opt)  # nothing saved yet
+    g.save(model, opt)
+    before = model.weight.detach().clone()
+    model.weight.grad = torch.ones_like(model.weight)
+    opt.step()
+    assert g.restore(model, opt) and torch.equal(model.weight, before) and opt.state_dict()["state"] == {}
+    off = MismatchGuard(0.0)
+    assert not off.tripped(1e9) and off.history == [] and (off.save(model, opt), off.saved) == (None, None)
+
+
+def test_guard_undoes_the_update_before_a_k3_spike(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from aisrl import trainer
+
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    real = trainer.correct
+
+    def spike_at_step_7(name, old, roll, mask, **kw):
+        res = real(name, old, roll, mask, **kw)
+        if mask.shape[0] > 1 and name != "veto":
+            calls.append(1)
+            if len(calls) == 7:  # as if update 6 had moved the trainer far from its FP8 copy
+                res.metrics["k3_kl"] = res.metrics["k3_kl"] * 1000 + 1.0
+        return res
+
+    monkeypatch.setattr(trainer, "correct", spike_at_step_7)
+    base = [*TINY, "rollout.quant=fp8_e4m3_w8a8", "correction.guard=4", "checkpoint_every=1"]
+    calls = []
+    train(load_config("lab", [*base, "max_steps=7", f"output_dir={tmp_path / 'a'}"]), log=lambda _: None)
+    calls = []
+    train(load_config("lab", [*base, "max_steps=5", f"output_dir={tmp_path / 'b'}"]), log=lambda _: None)
+    r = rows(tmp_path / "a")
+    assert [x["guard_rollback"] for x in r] == [0.0] * 6 + [1.0] and r[-1]["update_skipped"] == 1.0
+    a7, b5 = load_file(tmp_path / "a/checkpoints/step_000007/model.safetensors"), load_file(
+        tmp_path / "b/checkpoints/step_000005/model.safetensors")  # fmt: skip
+    assert all(torch.equal(a7[k], b5[k]) for k in a7)  # step 7 is back at the weights before update 6

@@ -1,0 +1,190 @@
+"""Branches: continue a run from one of its checkpoints under other sampling seeds, or other settings.
+
+Why: when a low-precision run fails late (held-out accuracy falls while the rollout/trainer mismatch grows),
+the run alone cannot say what caused it. Was the state its weights had reached already fragile, or did the
+rollouts after that point break it? And was it bad luck in the samples? A branch answers such questions by
+experiment. It copies the run's checkpoint at `step` into a new run folder and trains on from there. The
+prompts are those of the run; the sampling seeds are shifted by `sample_salt` (salt 0 replays the run's own
+continuation exactly, as a resume does). Optionally, any setting changes too. For two runs of one seed, say a
+full-precision run A and an FP8 run B, four sets of branches separate the causes:
+
+    aisrl branch run=runs/x/reference/seed11 step=80 salts=[1,2,3]                     # A's state, A's rollouts
+    aisrl branch run=runs/x/fp8_e4m3_w8a8/ais/seed11 step=80 salts=[1,2,3]            # B's state, B's rollouts
+    aisrl branch run=runs/x/fp8_e4m3_w8a8/ais/seed11 step=80 rollout.quant=none       # B's state, full precision
+    aisrl branch run=runs/x/reference/seed11 step=80 rollout.quant=fp8_e4m3_w8a8 correction.name=ais
+
+If B's state falls under full-precision rollouts too, the state was fragile before the branch point; if A's state
+falls only under FP8 rollouts, the rollouts break it. Several salts per arm matter: late in training one
+continuation of a state is a single draw, and draws of one state can end 20 points apart.
+
+Each branch is an ordinary run folder (`out/salt<k>`: config.json, metrics.jsonl, checkpoints), so it resumes
+when interrupted. The base settings are the run's recorded config.json; a run trained before runs recorded
+their config needs its preset and overrides instead. `out/branches.json` holds, per branch, the held-out greedy
+accuracy at the branch point and at the end, its training accuracy and the mismatch (k3 KL) over the branch's
+steps. A branch *falls* when its final held-out accuracy is `fall` or more below the accuracy at the branch point.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from aisrl.checkpoint import atomic_write_text
+
+
+@dataclass
+class BranchConfig:
+    run: str = ""
+    """The run folder to branch from; its checkpoints/ must hold `step`."""
+    step: int = 0
+    """The checkpoint every branch starts from (a step the run saved: see its checkpoints/ folder)."""
+    salts: list[int] = field(default_factory=lambda: [1, 2, 3])
+    """One branch per salt, each drawing other samples from the same state; 0 replays the run's own continuation."""
+    out: str = ""
+    """Folder of the branches; default RUN/branches/step<step>, followed by the training overrides if any."""
+    preset: str = ""
+    """Only for a run without config.json (trained before runs recorded their config): the preset it was trained
+    from. Pass the overrides it was trained with as well."""
+    jobs: int = 1
+    """Branches at a time: 1 = in this process; N > 1 = N `aisrl train` subprocesses sharing the cores."""
+    fall: float = 0.08
+    """A branch falls when its final held-out greedy accuracy is this much below that at the branch point (0.08:
+    8 points, about 3.5 standard errors of a 500-problem evaluation near 45%)."""
+    train: list[str] = field(default_factory=list)
+    """Training overrides for every branch, e.g. [rollout.quant=none] or [max_steps=150] (bare key=value arguments
+    of `aisrl branch`); sample_salt and output_dir are set per branch."""
+
+
+def _out(cfg: BranchConfig) -> Path:
+    if cfg.out:
+        return Path(cfg.out)
+    tag = "".join(f"_{o.replace('/', '-')}" for o in cfg.train)
+    return Path(cfg.run) / "branches" / f"step{cfg.step}{tag}"
+
+
+def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
+    """(salt, TrainConfig, `aisrl train` arguments) of every branch; checks the run, the step and the settings
+    before anything runs."""
+    from aisrl.train_config import load_config
+    from aisrl.trainer import validate
+
+    run = Path(cfg.run)
+    if not cfg.run or not run.is_dir():
+        raise ValueError(f"run={cfg.run!r} is not a run folder; pass run=DIR, a folder `aisrl train` wrote")
+    ckpt = run / "checkpoints" / f"step_{cfg.step:06d}"
+    if not (ckpt / "model.safetensors").is_file():
+        saved = sorted(int(p.name[5:]) for p in (run / "checkpoints").glob("step_*") if p.name[5:].isdigit())
+        raise ValueError(f"{run} has no checkpoint at step {cfg.step}; it holds steps {saved} (step=...)")
+    if cfg.jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {cfg.jobs}")
+    if not cfg.salts or len(set(cfg.salts)) != len(cfg.salts):
+        raise ValueError(f"salts must be distinct and at least one, got {cfg.salts}")
+    for key in ("sample_salt", "output_dir"):
+        if any(o.split("=", 1)[0] == key for o in cfg.train):
+            raise ValueError(f"{key} is set per branch; use salts=[...] and out=... instead of {key}=...")
+    recorded = run / "config.json"
+    if recorded.is_file() and cfg.preset:
+        raise ValueError(f"{run} records its config; drop preset={cfg.preset!r} (a branch starts from the recorded "
+                         "settings; change them with key=value)")  # fmt: skip
+    if not recorded.is_file() and not cfg.preset:
+        raise ValueError(f"{run} has no config.json (it was trained before runs recorded their settings); pass "
+                         "preset=NAME and the overrides it was trained with")  # fmt: skip
+    base = str(recorded) if recorded.is_file() else cfg.preset
+    out = []
+    for salt in cfg.salts:
+        args = [base, *cfg.train, f"sample_salt={salt}", f"output_dir={_out(cfg) / f'salt{salt}'}"]
+        tc = load_config(args[0], args[1:])
+        validate(tc)
+        if tc.max_steps <= cfg.step:
+            raise ValueError(f"max_steps={tc.max_steps} leaves nothing to train after step {cfg.step}; "
+                             "raise it with max_steps=...")  # fmt: skip
+        out.append((salt, tc, args))
+    return out
+
+
+def _rows(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def _start(run: Path, step: int, dst: Path) -> None:
+    """Make `dst` a run folder resuming at `step` of `run`: that checkpoint and the metrics up to it."""
+    if (dst / "checkpoints" / "latest").is_file():
+        return  # started before: the trainer resumes it (or says it is done)
+    name = f"step_{step:06d}"
+    shutil.copytree(run / "checkpoints" / name, dst / "checkpoints" / name, dirs_exist_ok=True)
+    kept = [r for r in _rows(run) if r["step"] <= step]
+    atomic_write_text(dst / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
+    atomic_write_text(dst / "checkpoints" / "latest", name)
+
+
+def summarize_branch(rows: list[dict], step: int, fall: float) -> dict:
+    """Held-out greedy accuracy at the branch point and the end, and the branch's training accuracy and k3 KL."""
+    evals = {r["step"]: r["eval_accuracy"] for r in rows if "eval_accuracy" in r}
+    after = [r for r in rows if r["step"] > step]
+    start = evals.get(step)  # None when the run did not evaluate at the branch point
+    end = evals[max(evals)] if evals and max(evals) > step else None
+    k3 = [r["k3_kl"] for r in after if "k3_kl" in r]
+    change = None if start is None or end is None else end - start
+    return {
+        "steps": len(after),
+        "eval_start": start,
+        "eval_end": end,
+        "eval_change": change,
+        "fell": None if change is None else change <= -fall + 1e-9,  # 8 points on 500 problems is 0.08 exactly
+        "accuracy": statistics.fmean(r["accuracy"] for r in after) if after else None,
+        "k3_kl_mean": statistics.fmean(k3) if k3 else None,
+        "k3_kl_max": max(k3) if k3 else None,
+    }
+
+
+def run_branches(cfg: BranchConfig, log=print) -> dict:
+    """Train every branch (resuming any that started before) and write out/branches.json."""
+    from aisrl.compare import train_subprocesses
+    from aisrl.trainer import train
+
+    plans = branch_configs(cfg)
+    out = _out(cfg)
+    if not any(r.get("step") == cfg.step and "eval_accuracy" in r for r in _rows(Path(cfg.run))):
+        log(f"branch: {cfg.run} did not evaluate at step {cfg.step}, so no change of held-out accuracy is reported; "
+            "branch from a step it evaluated at to get one")  # fmt: skip
+    for _, tc, _ in plans:
+        _start(Path(cfg.run), cfg.step, Path(tc.output_dir))
+    if cfg.jobs == 1:
+        for salt, tc, _ in plans:
+            log(f"branch: salt {salt} in {tc.output_dir}")
+            train(tc, log=lambda _: None)
+    else:
+        runs = [(f"salt {salt}", args, Path(tc.output_dir)) for salt, tc, args in plans]
+        train_subprocesses(runs, cfg.jobs, lambda m: log(f"branch: {m}"))
+    results = {str(salt): summarize_branch(_rows(Path(tc.output_dir)), cfg.step, cfg.fall) for salt, tc, _ in plans}
+    changes = [r["eval_change"] for r in results.values() if r["eval_change"] is not None]
+    result = {
+        "config": asdict(cfg),
+        "branches": results,
+        "eval_change_mean": statistics.fmean(changes) if changes else None,
+        "fell": sum(bool(r["fell"]) for r in results.values()),
+        "scored": len(changes),
+    }
+    atomic_write_text(out / "branches.json", json.dumps(result, indent=1))
+    return result
+
+
+def table(result: dict) -> str:
+    """Markdown table of a branches.json result, one row per branch."""
+
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.1f}"
+
+    lines = ["| salt | held-out at branch | at end | change (points) | training accuracy | k3 KL mean / max |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for salt, r in result["branches"].items():
+        k3 = "-" if r["k3_kl_mean"] is None else f"{r['k3_kl_mean']:.4f} / {r['k3_kl_max']:.4f}"
+        lines.append(f"| {salt} | {pct(r['eval_start'])} | {pct(r['eval_end'])} | {pct(r['eval_change'])} | "
+                     f"{pct(r['accuracy'])} | {k3} |")  # fmt: skip
+    lines.append(f"\n{result['fell']} of {result['scored']} branches fell by {100 * result['config']['fall']:.0f} "
+                 f"points or more; mean change {pct(result['eval_change_mean'])} points")  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,152 @@
+"""Branches continue a run from its checkpoint: salt 0 replays it exactly, another salt draws other samples."""
+
+import json
+
+import pytest
+from conftest import TINY_LAB, load_benchmark
+
+from aisrl.branch import BranchConfig, branch_configs, run_branches, summarize_branch, table
+from aisrl.cli import main
+from aisrl.train_config import load_config
+from aisrl.trainer import train
+
+TINY = [*TINY_LAB, "eval_every=2", "checkpoint_every=2", "rollout.quant=fp8_e4m3_w8a8"]
+TIMES = ("time_rollout", "time_logprob", "time_correction", "time_train", "time_sync")
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
+    # a reward that varies with the completion, so the weights move and other samples give other updates
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+
+
+def rows(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def untimed(r):
+    return {k: v for k, v in r.items() if k not in TIMES}
+
+
+@pytest.fixture
+def run(tmp_path):
+    out = tmp_path / "run"
+    train(load_config("lab", [*TINY, "max_steps=4", f"output_dir={out}"]), log=lambda _: None)
+    return out
+
+
+def test_salt_zero_replays_the_run_and_another_salt_draws_other_samples(run, tmp_path):
+    res = run_branches(BranchConfig(run=str(run), step=2, salts=[0, 1], out=str(tmp_path / "b")), log=lambda _: None)
+    a, b0, b1 = rows(run), rows(tmp_path / "b" / "salt0"), rows(tmp_path / "b" / "salt1")
+    assert [r["step"] for r in b0] == [r["step"] for r in b1] == [1, 2, 3, 4]
+    assert [untimed(r) for r in b0] == [untimed(r) for r in a]  # the run's own continuation, bit for bit
+    assert [untimed(r) for r in b1[:2]] == [untimed(r) for r in a[:2]]  # the history before the branch is kept
+    assert b1[2]["k3_kl"] != a[2]["k3_kl"] and b1[2]["loss"] != a[2]["loss"]  # other samples from step 3 on
+    cfg = json.loads((tmp_path / "b" / "salt1" / "config.json").read_text())
+    assert cfg["sample_salt"] == 1 and cfg["seed"] == 0 and cfg["rollout"]["quant"] == "fp8_e4m3_w8a8"
+    saved = json.loads((tmp_path / "b" / "branches.json").read_text())
+    assert saved == json.loads(json.dumps(res)) and set(res["branches"]) == {"0", "1"}
+    s0 = res["branches"]["0"]
+    assert s0["eval_start"] == a[1]["eval_accuracy"] and s0["eval_end"] == a[3]["eval_accuracy"]
+    assert s0["steps"] == 2 and s0["k3_kl_max"] == max(a[2]["k3_kl"], a[3]["k3_kl"])
+    # a second call resumes the finished branches instead of training them again
+    before = (tmp_path / "b" / "salt1" / "metrics.jsonl").read_text()
+    run_branches(BranchConfig(run=str(run), step=2, salts=[1], out=str(tmp_path / "b")), log=lambda _: None)
+    assert (tmp_path / "b" / "salt1" / "metrics.jsonl").read_text() == before
+
+
+def test_a_branch_can_change_settings_and_the_default_folder_names_them(run):
+    assert main(["branch", f"run={run}", "step=2", "salts=[3]", "rollout.quant=none"]) == 0
+    out = run / "branches" / "step2_rollout.quant=none" / "salt3"
+    r = rows(out)
+    assert json.loads((out / "config.json").read_text())["rollout"]["quant"] == "none"
+    assert r[1]["k3_kl"] > 0 and r[3]["k3_kl"] == pytest.approx(0.0, abs=1e-9)  # FP8 before, none after
+
+
+def test_bad_branches_are_refused_before_training(run, tmp_path, capsys):
+    def err(**kw):
+        with pytest.raises(ValueError) as e:
+            branch_configs(BranchConfig(**{"run": str(run), "step": 2, **kw}))
+        return str(e.value)
+
+    assert "holds steps [2, 4]" in err(step=3)
+    assert "is not a run folder" in err(run=str(tmp_path / "nowhere"))
+    assert "nothing to train after step 4" in err(step=4)  # the final checkpoint needs a larger max_steps
+    assert len(branch_configs(BranchConfig(run=str(run), step=4, train=["max_steps=6"]))) == 3
+    assert "set per branch" in err(train=["sample_salt=2"])
+    assert "distinct" in err(salts=[1, 1])
+    assert "drop preset='lab'" in err(preset="lab")
+    assert "unknown correction 'nope'" in err(train=["correction.name=nope"])
+    (run / "config.json").unlink()  # a run from before configs were recorded
+    assert "pass preset=NAME" in err()
+    cfgs = branch_configs(BranchConfig(run=str(run), step=2, preset="lab", train=TINY))
+    assert [c.sample_salt for _, c, _ in cfgs] == [1, 2, 3] and cfgs[0][2][0] == "lab"
+    assert "jobs must be >= 1" in err(jobs=0, preset="lab")
+    assert main(["branch", f"run={run}", "step=5"]) == 2 and "holds steps" in capsys.readouterr().err
+
+
+def test_summary_and_table_of_a_fall():
+    rs = [{"step": 4, "eval_accuracy": 0.50, "accuracy": 0.3}, {"step": 5, "accuracy": 0.2, "k3_kl": 0.01},
+          {"step": 6, "accuracy": 0.1, "k3_kl": 0.03, "eval_accuracy": 0.40}]  # fmt: skip
+    s = summarize_branch(rs, 4, fall=0.08)
+    assert s["eval_change"] == pytest.approx(-0.10) and s["fell"] is True and s["steps"] == 2
+    assert s["accuracy"] == pytest.approx(0.15) and s["k3_kl_mean"] == pytest.approx(0.02) and s["k3_kl_max"] == 0.03
+    assert summarize_branch(rs, 4, fall=0.12)["fell"] is False
+    assert summarize_branch(rs[1:], 4, fall=0.08)["eval_start"] is None  # no evaluation at the branch point
+    res = {"config": {"fall": 0.08}, "branches": {"1": s}, "fell": 1, "scored": 1, "eval_change_mean": -0.1}
+    assert "| 1 | 50.0 | 40.0 | -10.0 | 15.0 | 0.0200 / 0.0300 |" in table(res) and "1 of 1 branches fell" in table(res)
+
+
+def test_branch_table_pools_arms_over_seeds(tmp_path, monkeypatch):
+    mod = load_benchmark("branch_table")
+    monkeypatch.setattr(mod, "ROOT", tmp_path)
+
+    def arm(seed, name, changes):
+        branches = {str(i): {"eval_change": c, "fell": None if c is None else c <= -0.08, "k3_kl_max": 0.01 * (i + 1)}
+                    for i, c in enumerate(changes)}  # fmt: skip
+        p = tmp_path / "br" / f"seed{seed}" / name
+        p.mkdir(parents=True)
+        (p / "branches.json").write_text(json.dumps({"branches": branches}))
+
+    arm(1, "a", [0.02, -0.10, None])  # the unscored branch (no evaluation) is left out
+    arm(2, "a", [0.04])
+    arm(1, "b", [-0.2, -0.3])
+    (tmp_path / "br" / "seedx" / "a").mkdir(parents=True)  # not a seed folder: skipped
+    res = mod.main([str(tmp_path / "br"), "tag=t"])
+    a, b = res["a"], res["b"]
+    assert a["seeds"][1]["mean"] == pytest.approx(-0.04) and a["seeds"][1]["fell"] == 1
+    assert a["mean_change"] == pytest.approx(0.0) and a["se"] == pytest.approx(0.04)  # over seed means -0.04, 0.04
+    assert (a["fell"], a["branches"]) == (1, 3) and a["seeds"][1]["k3_kl_max"] == 0.03
+    assert b["se"] is None and b["mean_change"] == pytest.approx(-0.25) and b["fell"] == 2
+    saved = json.loads((tmp_path / "benchmarks" / "results" / "branches_t.json").read_text())
+    assert saved["arms"]["b"]["fell"] == 2 and "branch_table.py" in saved["command"]
+    assert "| a | +2 -10 | +4 | +0.0 (4.0) | 1/3 |" in mod.table(res)
+    with pytest.raises(SystemExit, match="no ROOT"):
+        mod.main([str(tmp_path / "empty")])
+
+
+def test_branches_in_subprocesses_match_branches_in_process(tmp_path, monkeypatch):
+    monkeypatch.undo()  # subprocesses see neither the patched reward nor the environment of the fixture
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    train(load_config("lab", [*TINY, "max_steps=3", f"output_dir={run}"]), log=lambda _: None)
+    run_branches(BranchConfig(run=str(run), step=2, salts=[1], out=str(tmp_path / "a")), log=lambda _: None)
+    logs = []
+    res = run_branches(BranchConfig(run=str(run), step=2, salts=[1, 2], out=str(tmp_path / "b"), jobs=2), logs.append)
+    a, b = rows(tmp_path / "a" / "salt1"), rows(tmp_path / "b" / "salt1")
+    assert [(r["reward"], r["completion_len"]) for r in b] == [(r["reward"], r["completion_len"]) for r in a]
+    # the same samples; the subprocess runs on one thread, which moves FP32 sums in the last digits only
+    assert [untimed(r) for r in b] == [pytest.approx(untimed(r), rel=1e-4, abs=1e-9) for r in a]
+    assert rows(tmp_path / "b" / "salt2")[-1]["step"] == 3 and set(res["branches"]) == {"1", "2"}
+    assert "branch: started salt 2" in logs
+
+
+def test_a_branch_point_without_an_evaluation_is_reported(run, tmp_path):
+    rs = rows(run)
+    del rs[1]["eval_accuracy"]  # as if the run had not evaluated at step 2
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rs))
+    logs = []
+    res = run_branches(BranchConfig(run=str(run), step=2, salts=[0], out=str(tmp_path / "b")), logs.append)
+    assert any("did not evaluate at step 2" in line for line in logs)
+    assert res["branches"]["0"]["eval_start"] is None and res["scored"] == 0 and res["eval_change_mean"] is None
