@@ -58,10 +58,19 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+ADDED_LATER = (("", "sample_salt", 0), ("correction", "veto", 0.0), ("correction", "guard", 0.0))
+"""Config fields added after scores were first cached: (section, key, default). They enter the config hash only when
+set away from their default, so adding a field does not make every cached score stale."""
+
+
 def _settings(checkpoint: str, digest: str, cfg, samples: int, held_samples: int) -> dict:
     """What a cached score depends on: the weights, the evaluation's sizes and seeds, and the run's
     configuration (sampling parameters, task, pools, rollout format; everything but its directory)."""
     run = {k: v for k, v in asdict(cfg).items() if k != "output_dir"}
+    for section, key, default in ADDED_LATER:  # at its default, a field added later leaves earlier scores valid
+        where = run[section] if section else run
+        if where.get(key) == default:
+            del where[key]
     run_hash = hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return {"checkpoint": checkpoint, "weights_sha256": digest, "config_sha256": run_hash, "samples": samples,
             "held_samples": held_samples, "seed_base": SEED_BASE}  # fmt: skip

@@ -1,6 +1,7 @@
 """Final-model scoring (aisrl.final_eval): the right weights, prompts and sampler are scored; results cache."""
 
 import dataclasses
+import hashlib
 import json
 
 import pytest
@@ -105,3 +106,18 @@ def test_every_run_is_scored_on_the_same_draws_in_bounded_chunks():
         seeds = [s for c in rec.calls for s in c[2]]
         assert seeds == [fe.SEED_BASE + i for i in range(600)]  # independent of the run and of the chunking
     assert out["model"] == out["its quantised copy"] == [(1.0, True)] * 600  # each completion scored with its problem
+
+
+def test_fields_added_later_change_the_config_hash_only_away_from_their_default():
+    from aisrl.final_eval import _settings
+    from aisrl.train_config import load_config
+
+    def digest(*overrides):
+        return _settings("step_000001", "w", load_config("lab", list(overrides)), 4, 8)["config_sha256"]
+
+    base = digest()
+    before = load_config("lab")  # the hash a run scored before the fields existed would have had
+    run = {k: v for k, v in dataclasses.asdict(before).items() if k != "output_dir"}
+    del run["sample_salt"], run["correction"]["veto"], run["correction"]["guard"]
+    assert base == hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert digest("sample_salt=1") != base and digest("correction.guard=4") != base and digest("lr=1e-3") != base
