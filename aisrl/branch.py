@@ -17,11 +17,12 @@ If B's state falls under full-precision rollouts too, the state was fragile befo
 falls only under FP8 rollouts, the rollouts break it. Several salts per arm matter: late in training one
 continuation of a state is a single draw, and draws of one state can end 20 points apart.
 
-Each branch is an ordinary run folder (`out/salt<k>`: config.json, metrics.jsonl, checkpoints), so it resumes
-when interrupted. The base settings are the run's recorded config.json; a run trained before runs recorded
-their config needs its preset and overrides instead. `out/branches.json` holds, per branch, the held-out greedy
-accuracy at the branch point and at the end, its training accuracy and the mismatch (k3 KL) over the branch's
-steps. A branch *falls* when its final held-out accuracy is `fall` or more below the accuracy at the branch point.
+Each branch is an ordinary run folder (`out/salt<k>`: config.json, the run's start.json, metrics.jsonl,
+checkpoints), so it resumes when interrupted. The base settings are the run's recorded config.json; a run trained
+before runs recorded their config needs its preset and overrides instead. `out/branches.json` holds, per branch,
+the held-out greedy accuracy at the branch point and at the end, its training accuracy and the mismatch (k3 KL)
+over the branch's steps. A branch *falls* when its final held-out accuracy is `fall` or more below the accuracy at
+the branch point.
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ def _start(run: Path, step: int, dst: Path) -> None:
     shutil.copytree(run / "checkpoints" / name, dst / "checkpoints" / name, dirs_exist_ok=True)
     kept = [r for r in _rows(run) if r["step"] <= step]
     atomic_write_text(dst / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
+    if (run / "start.json").is_file():  # a branch starts, in the end, from the weights its run started from
+        shutil.copyfile(run / "start.json", dst / "start.json")
     atomic_write_text(dst / "checkpoints" / "latest", name)
 
 

@@ -10,10 +10,16 @@ A run also records the config it was started with (`output_dir/config.json`). Re
 would silently splice two experiments into one set of weights and one metrics file, so a later start checks
 the new config against the record and refuses, naming the keys that changed; only keys that cannot change the
 training (`RESUMABLE`: how long, how often to evaluate and checkpoint, where it runs) may differ.
+
+It also records the weights it started from (`output_dir/start.json`: a digest of the initial state and the
+machine). The lab model's warm start is trained on first use and cached; its training is deterministic on one
+machine but not across CPUs (other kernels round differently, and the SFT stops at another step), so two runs
+of one seed are a valid pair only when their starts agree (`same_start`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -43,6 +49,37 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 RESUMABLE = ("max_steps", "eval_every", "checkpoint_every", "micro_batch", "output_dir", "device")
 """Config keys a run may change between starts: they decide how long it runs, how often it evaluates and
 checkpoints, how the batch is split for memory (accumulation makes that exact) and where it runs."""
+
+
+def weights_digest(state: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over a state dict's names, dtypes, shapes and bytes, in name order (16 hex digits)."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().to("cpu").contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def record_start(output_dir: str | Path, model) -> None:
+    """On a run's first start: write start.json with the digest of the weights it starts from and the machine."""
+    path = Path(output_dir) / "start.json"
+    if not path.exists():
+        from aisrl.bench.report import machine
+
+        atomic_write_text(path, json.dumps({"weights": weights_digest(model.state_dict()), "machine": machine()}))
+
+
+def run_start(run_dir: str | Path) -> str | None:
+    """The digest of a run's initial weights, or None for a run that predates start.json."""
+    path = Path(run_dir) / "start.json"
+    return json.loads(path.read_text())["weights"] if path.exists() else None
+
+
+def same_start(a: str | Path, b: str | Path) -> bool:
+    """False only when both runs recorded their initial weights and these differ."""
+    sa, sb = run_start(a), run_start(b)
+    return sa is None or sb is None or sa == sb
 
 
 def _flat(d: dict, prefix: str = "") -> dict:

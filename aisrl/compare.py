@@ -187,6 +187,10 @@ def run_study(cfg: CompareConfig, log=print) -> dict:
     result = aggregate(cfg, runs, base.max_steps)
     from aisrl.bench.report import write_json
 
+    if result["mixed_starts"]:
+        log(f"compare: WARNING seeds {result['mixed_starts']} hold runs that started from different weights "
+            "(start.json differs; a warm start rebuilt on another machine?), so their pairs are not like for "
+            "like. Train the runs of a seed from one warm start (AISRL_CACHE), on one kind of CPU.")  # fmt: skip
     write_json(Path(cfg.out) / "compare.json", result)
     from aisrl.compare_report import plot, publish
 
@@ -319,6 +323,7 @@ def _corr(xs: list, ys: list) -> float | None:
 def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
     """Per group: the seeds' summaries and their mean/std; groups without finished runs are listed as missing."""
     from aisrl.bench.report import machine
+    from aisrl.checkpoint import run_start
     from aisrl.final_eval import cached_scores
 
     groups: dict[str, dict] = {}
@@ -327,6 +332,7 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
         rows = run_rows(run.path(cfg.out))
         if rows and rows[-1]["step"] >= max_steps:
             g["runs"][str(run.seed)] = summarize_run(rows[:max_steps], cfg.collapse_fraction, cfg.fall)
+            g["runs"][str(run.seed)]["start"] = run_start(run.path(cfg.out))
             if cfg.final_samples > 0:  # only scores of this checkpoint and these settings
                 g["runs"][str(run.seed)].update(cached_scores(run.path(cfg.out), cfg.final_samples) or {})
         else:
@@ -347,7 +353,19 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
         g["reward_vs_reference"] = _mean_std([_last_fifth(g["runs"][s]) - _last_fifth(ref[s]) for s in seeds])
         both = [s for s in seeds if "policy_reward" in g["runs"][s] and "policy_reward" in ref[s]]
         g["policy_vs_reference"] = _mean_std([g["runs"][s]["policy_reward"] - ref[s]["policy_reward"] for s in both])
-    return {"config": asdict(cfg), "max_steps": max_steps, "machine": machine(), "groups": groups}
+    return {"config": asdict(cfg), "max_steps": max_steps, "machine": machine(), "groups": groups,
+            "mixed_starts": mixed_starts(groups)}  # fmt: skip
+
+
+def mixed_starts(groups: dict[str, dict]) -> list[int]:
+    """Seeds whose runs started from different weights (start.json): their pairs are not like for like. This
+    happens when a study grows on another machine, where the lab model's cached warm start is rebuilt."""
+    starts: dict[int, set] = {}
+    for g in groups.values():
+        for seed, r in g["runs"].items():
+            if r.get("start"):
+                starts.setdefault(int(seed), set()).add(r["start"])
+    return sorted(seed for seed, s in starts.items() if len(s) > 1)
 
 
 def _last_fifth(run: dict) -> float:

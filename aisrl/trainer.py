@@ -9,8 +9,8 @@ One step:
 Everything random in a step is derived from (seed, step): the prompts and every request's sampling
 seed (shifted by `sample_salt`, which `aisrl branch` uses to draw other continuations of a checkpoint). So a run
 resumed from a checkpoint continues exactly as an uninterrupted run would, and a resume with other settings is
-refused (aisrl.checkpoint.record_config). Outputs in `output_dir`: config.json (the settings),
-metrics.jsonl (one row per step), checkpoints/, report.png and summary.json.
+refused (aisrl.checkpoint.record_config). Outputs in `output_dir`: config.json (the settings), start.json (a
+digest of the initial weights), metrics.jsonl (one row per step), checkpoints/, report.png and summary.json.
 """
 
 from __future__ import annotations
@@ -26,7 +26,14 @@ from pathlib import Path
 
 import torch
 
-from aisrl.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, record_config, save_checkpoint
+from aisrl.checkpoint import (
+    atomic_write_text,
+    latest_checkpoint,
+    load_checkpoint,
+    record_config,
+    record_start,
+    save_checkpoint,
+)
 from aisrl.correction import CORRECTIONS, correct, options_of
 from aisrl.dist import all_sum
 from aisrl.lora import apply_lora, merged_state
@@ -296,6 +303,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
         sched.last_epoch = start  # the optimizer's restored lr is already the one for step start + 1
         sync(merged_state(model))
         log(f"resumed from {ckpt} at step {start}")
+    elif rank == 0:
+        record_start(out, model)  # which weights this run starts from: pairs of runs must share them
     metrics_path = out / "metrics.jsonl"
     if rank == 0:
         rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []

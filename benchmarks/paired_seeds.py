@@ -4,15 +4,15 @@
         [metric=reward|greedy_accuracy|policy_reward|sampler_reward|held_accuracy|held_reward] [tag=NAME]
 
 A study grows by runs in several directories (more seeds later). This script pools them and compares each
-method's score with the full-precision run of the same seed (same prompts and sampling seeds), then
-compares methods with each other seed by seed (over the seeds both finished, with or without a reference).
-The score is the last-fifth training reward (`reward`, the
-default), the held-out greedy accuracy the trainer measured at the last step (`greedy_accuracy`; the run
-must evaluate at its last step), or one of the final-model scores `aisrl compare` writes to each run's final_eval.json
-(aisrl.final_eval). Only finished runs count: a run whose metrics stop before its last step, or that has
-no final_eval.json when one of its scores is asked for, is skipped. Prints the numbers and writes
-benchmarks/results/paired_<format>.json (paired_<format>_<metric>.json for another score;
-paired_<tag>_<format>... with `tag=`, which keeps the results of another study apart).
+method's score with the full-precision run of the same seed (same prompts and sampling seeds), then compares
+methods with each other seed by seed (over the seeds both finished, with or without a reference). Runs of one
+seed that started from different weights (start.json; a warm start rebuilt on another CPU) are refused. The
+score is the last-fifth training reward (`reward`, the default), the held-out greedy accuracy the trainer
+measured at the last step (`greedy_accuracy`; the run must evaluate at its last step), or one of the final-model
+scores `aisrl compare` writes to each run's final_eval.json (aisrl.final_eval). Only finished runs count: a run
+whose metrics stop before its last step, or that has no final_eval.json when one of its scores is asked for, is
+skipped. Prints the numbers and writes benchmarks/results/paired_<format>.json (paired_<format>_<metric>.json
+for another score; paired_<tag>_<format>... with `tag=`, which keeps the results of another study apart).
 """
 
 import json
@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from aisrl.bench.report import write_json
+from aisrl.checkpoint import same_start
 from aisrl.compare import run_rows
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,8 +52,11 @@ def score(run: Path, steps: int, metric: str) -> float | None:
     return scores.get(metric)
 
 
-def collect(dirs: list[Path], kind: str, steps: int, metric: str = "reward") -> dict[int, float]:
-    """{seed: score} of `kind` ('reference' or 'FORMAT/METHOD') over the directories (first wins)."""
+def collect(
+    dirs: list[Path], kind: str, steps: int, metric: str = "reward", where: dict[int, Path] | None = None
+) -> dict[int, float]:
+    """{seed: score} of `kind` ('reference' or 'FORMAT/METHOD') over the directories (first wins); `where`, if
+    given, receives {seed: run folder}."""
     out = {}
     for d in dirs:
         for run in sorted((d / kind).glob("seed*")):
@@ -63,7 +67,18 @@ def collect(dirs: list[Path], kind: str, steps: int, metric: str = "reward") -> 
             value = None if seed in out else score(run, steps, metric)
             if value is not None:
                 out[seed] = value
+                if where is not None:
+                    where[seed] = run
     return out
+
+
+def check_starts(a: dict[int, Path], b: dict[int, Path]) -> None:
+    """Raise if two runs of one seed started from different weights (their start.json): not a pair."""
+    for seed in sorted(a.keys() & b.keys()):
+        if not same_start(a[seed], b[seed]):
+            raise ValueError(f"{a[seed]} and {b[seed]} (seed {seed}) started from different weights (start.json "
+                             "differs: a warm start rebuilt on another machine?), so their difference is not a "
+                             "paired one; pool only runs trained from one warm start")  # fmt: skip
 
 
 def sign_test(positive: int, negative: int) -> float | None:
@@ -94,8 +109,12 @@ def main(
 ) -> dict:
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose from {sorted(METRICS)}")
-    ref = collect(dirs, "reference", steps, metric)
-    runs = {m: collect(dirs, f"{fmt}/{m}", steps, metric) for m in methods}
+    paths: dict[str, dict[int, Path]] = {k: {} for k in ["reference", *methods]}
+    ref = collect(dirs, "reference", steps, metric, paths["reference"])
+    runs = {m: collect(dirs, f"{fmt}/{m}", steps, metric, paths[m]) for m in methods}
+    for i, a in enumerate(paths):
+        for b in list(paths)[i + 1 :]:
+            check_starts(paths[a], paths[b])
     delta = {m: {s: runs[m][s] - ref[s] for s in sorted(runs[m]) if s in ref} for m in methods}
     result = {"dirs": [str(d) for d in dirs], "format": fmt, "steps": steps, "metric": metric,
               "vs_full_precision": {}, "pairs": {}}  # fmt: skip

@@ -6,6 +6,7 @@ import pytest
 from conftest import TINY_LAB, load_benchmark
 
 from aisrl.branch import BranchConfig, branch_configs, run_branches, summarize_branch, table
+from aisrl.checkpoint import run_start
 from aisrl.cli import main
 from aisrl.train_config import load_config
 from aisrl.trainer import train
@@ -45,6 +46,7 @@ def test_salt_zero_replays_the_run_and_another_salt_draws_other_samples(run, tmp
     assert b1[2]["k3_kl"] != a[2]["k3_kl"] and b1[2]["loss"] != a[2]["loss"]  # other samples from step 3 on
     cfg = json.loads((tmp_path / "b" / "salt1" / "config.json").read_text())
     assert cfg["sample_salt"] == 1 and cfg["seed"] == 0 and cfg["rollout"]["quant"] == "fp8_e4m3_w8a8"
+    assert run_start(tmp_path / "b" / "salt1") == run_start(run) is not None  # the run's initial weights
     saved = json.loads((tmp_path / "b" / "branches.json").read_text())
     assert saved == json.loads(json.dumps(res)) and set(res["branches"]) == {"0", "1"}
     s0 = res["branches"]["0"]

@@ -7,7 +7,7 @@ import pytest
 from conftest import TINY_LAB, load_benchmark
 
 from aisrl.cli import main
-from aisrl.compare import CompareConfig, Run, aggregate, plan, run_study, summarize_run
+from aisrl.compare import CompareConfig, Run, aggregate, mixed_starts, plan, run_study, summarize_run
 from aisrl.compare_report import final_table, publish, table
 
 
@@ -288,3 +288,62 @@ def test_paired_seeds_counts_ties_and_gives_an_exact_sign_test():
     assert s["sign_p"] == pytest.approx(2 * (1 + 4) / 16)  # 3 up, 1 down: P(X <= 1 | n=4) = 5/16, two-sided
     assert mod.sign_test(6, 13) == pytest.approx(0.1671, abs=1e-4)  # 6 of 19 untied, as quoted in docs/ais.md
     assert mod.sign_test(0, 0) is None and mod.sign_test(5, 0) == pytest.approx(2 / 32)
+
+
+def test_mixed_starts_names_the_seeds_whose_runs_began_from_other_weights():
+    groups = {"reference": {"runs": {"0": {"start": "aa"}, "1": {"start": "aa"}, "2": {"start": None}}},
+              "f/ais": {"runs": {"0": {"start": "aa"}, "1": {"start": "bb"}, "2": {"start": "cc"}}},
+              "f/tis": {"runs": {"3": {}}}}  # fmt: skip
+    assert mixed_starts(groups) == [1]  # seed 2: the reference predates start.json, nothing to compare
+
+
+def test_paired_seeds_refuses_runs_of_one_seed_from_different_warm_starts(tmp_path, monkeypatch):
+    mod = load_benchmark("paired_seeds")
+    monkeypatch.setattr(mod, "ROOT", tmp_path)
+    for kind, start in (("reference", "aa"), ("fmt/tis", "bb")):
+        p = tmp_path / "a" / kind / "seed0"
+        p.mkdir(parents=True)
+        (p / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "reward": 0.5}) + "\n" for i in (1, 2)))
+        (p / "start.json").write_text(json.dumps({"weights": start}))
+    with pytest.raises(ValueError, match=r"seed 0\) started from different weights"):
+        mod.main([tmp_path / "a"], "fmt", ["tis"], steps=2)
+    (tmp_path / "a/fmt/tis/seed0/start.json").write_text(json.dumps({"weights": "aa"}))
+    assert mod.main([tmp_path / "a"], "fmt", ["tis"], steps=2)["vs_full_precision"]["tis"]["mean"] == 0.0
+
+
+def test_guard_study_pairs_guarded_runs_with_their_unguarded_twins(tmp_path, monkeypatch):
+    mod = load_benchmark("guard_study")
+    monkeypatch.setattr(mod, "ROOT", tmp_path)
+
+    def run(d, seed, rewards, evals, trips=()):
+        p = tmp_path / d / "f/ais" / f"seed{seed}"
+        p.mkdir(parents=True)
+        rows = [{"step": i + 1, "reward": r, "accuracy": r} for i, r in enumerate(rewards)]
+        rows[0]["eval_accuracy_start"] = 0.4
+        for step, acc in evals.items():
+            rows[step - 1]["eval_accuracy"] = acc
+        for row in rows:
+            if d == "g":
+                row["guard_rollback"] = float(row["step"] in trips)
+        (p / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    base = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    run("g", 0, base, {3: 0.5, 6: 0.48})  # never tripped: its own twin
+    run("g", 1, base[:4] + [0.9, 0.9], {3: 0.5, 6: 0.55}, trips=(4,))  # tripped at 4: differs from step 5
+    run("u", 1, base, {3: 0.5, 6: 0.35})  # the unguarded run fell (0.5 -> 0.35)
+    run("g", 2, base, {6: 0.5}, trips=(2,))  # tripped, and no unguarded run of seed 2
+    run("g", 3, base, {6: 0.5}, trips=(5,))
+    run("u", 3, [0.1, 0.7, 0.3, 0.4, 0.5, 0.6], {6: 0.5})  # differs at step 2, before the trip: not a twin
+    out = mod.main([str(tmp_path / "g"), str(tmp_path / "u"), "group=f/ais", "steps=6", "tag=t"])
+    by = {s["seed"]: s for s in out["seeds"]}
+    assert by[0]["twin"] == "itself (no trip)" and by[0]["greedy_accuracy_none"] == 0.48
+    assert by[1]["twin"] == "ok" and by[1]["trips"] == [4] and (by[1]["fell_guard"], by[1]["fell_none"]) == (0, 1)
+    assert by[2]["twin"].startswith("missing") and "before the first trip (5)" in by[3]["twin"]
+    assert out["unpaired"] == [2, 3] and out["falls"] == {"guard": 0, "none": 1}
+    assert (out["tripped"], out["trips"]) == (1, 1)
+    greedy = out["guard_minus_none"]["all"]["greedy_accuracy"]
+    assert greedy["n"] == 2 and greedy["mean"] == pytest.approx((0.0 + 0.20) / 2) and greedy["ties"] == 1
+    assert out["guard_minus_none"]["tripped"]["greedy_accuracy"]["n"] == 1
+    assert json.loads((tmp_path / "benchmarks/results/guard_t.json").read_text())["falls"]["none"] == 1
+    with pytest.raises(SystemExit, match="unknown keys"):
+        mod.main([str(tmp_path / "g"), str(tmp_path / "u"), "grup=f/ais"])

@@ -8,11 +8,12 @@ import sys
 import pytest
 import torch
 from conftest import TINY_LAB
+from safetensors.torch import load_file
 
-from aisrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from aisrl.checkpoint import latest_checkpoint, load_checkpoint, run_start, same_start, save_checkpoint, weights_digest
 from aisrl.cli import main
 from aisrl.train_config import PRESET_DIR, load_config
-from aisrl.trainer import train
+from aisrl.trainer import build, train
 
 TINY = [*TINY_LAB, "eval_every=2", "warmup_steps=5"]  # warm-up spans the resume point: lr must match
 
@@ -53,6 +54,10 @@ def test_resume_is_exact(tmp_path, monkeypatch):
     drop = ("time_rollout", "time_logprob", "time_correction", "time_train", "time_sync")
     for x, y in zip(ra[3:], rb[3:], strict=True):
         assert {k: v for k, v in x.items() if k not in drop} == {k: v for k, v in y.items() if k not in drop}
+    # both record the weights they started from (the resume does not overwrite it): the cached warm start's
+    start = weights_digest(build(load_config("lab", TINY))[0].state_dict())
+    assert run_start(a) == run_start(b) == start and same_start(a, b)
+    assert start != weights_digest(load_file(latest_checkpoint(b) / "model.safetensors"))  # not the trained ones
 
 
 def test_resume_with_other_settings_is_refused_naming_them(tmp_path):
