@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # paired_seeds: the shared per-seed statistics
 
-from paired_seeds import score, summary  # noqa: E402
+from paired_seeds import collect, score, summary  # noqa: E402
 
 from aisrl.bench.report import write_json  # noqa: E402
 from aisrl.checkpoint import same_start  # noqa: E402
@@ -34,12 +34,9 @@ SCORES = ("greedy_accuracy", "held_accuracy", "policy_reward")
 
 def runs_of(folder: Path, group: str, steps: int) -> dict[int, Path]:
     """{seed: run folder} of the finished runs of `group` in an `aisrl compare` output folder."""
-    out = {}
-    for run in sorted((folder / group).glob("seed*")):
-        digits = run.name.removeprefix("seed")
-        if digits.isdigit() and len(run_rows(run)) >= steps:
-            out[int(digits)] = run
-    return out
+    where: dict[int, Path] = {}
+    collect([folder], group, steps, "reward", where)  # the last-fifth reward exists exactly when the run finished
+    return where
 
 
 def _weights(run: Path) -> str | None:
