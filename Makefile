@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/aisrl train lab
+	$(VENV)/bin/aisrl train lab_columns
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -31,12 +31,12 @@ def _mismatch(args) -> int:
 
 def _train_config(args):
     """TrainConfig from `[PRESET] [key=value ...]`; a first argument containing '=' is an override, not a preset."""
-    from aisrl.train_config import load_config
+    from aisrl.train_config import DEFAULT_PRESET, load_config
 
     preset, overrides = args.preset, list(args.overrides)
     if preset and "=" in preset:
         preset, overrides = None, [preset, *overrides]
-    return load_config(preset or "lab", overrides)
+    return load_config(preset or DEFAULT_PRESET, overrides)
 
 
 def _train(args) -> int:
@@ -141,12 +141,15 @@ def main(argv: list[str] | None = None) -> int:
     mis.add_argument("--out", default="runs/mismatch", help="output directory (JSON + PNG)")
     mis.add_argument("overrides", nargs="*", help="e.g. prompts=32 max_new_tokens=128 temperature=0.7")
     mis.set_defaults(func=_mismatch)
-    for name, fn, text in (("train", _train, "GRPO with low-precision rollouts (resumes from output_dir)"),
-                           ("eval", _eval, "held-out greedy accuracy of the latest checkpoint"),
-                           ("compare", _compare, "study: precisions x corrections x seeds"),
-                           ("branch", _branch, "continue a run from a checkpoint, per salt")):  # fmt: skip
+    from aisrl.train_config import DEFAULT_PRESET
+
+    for name, fn, text, default in (
+            ("train", _train, "GRPO with low-precision rollouts (resumes from output_dir)", DEFAULT_PRESET),
+            ("eval", _eval, "held-out greedy accuracy of the latest checkpoint", DEFAULT_PRESET),
+            ("compare", _compare, "study: precisions x corrections x seeds", "lab"),
+            ("branch", _branch, "continue a run from a checkpoint, per salt", "the run's config")):  # fmt: skip
         p = sub.add_parser(name, help=text)
-        p.add_argument("preset", nargs="?", help="preset name (aisrl/presets) or YAML file; default: lab")
+        p.add_argument("preset", nargs="?", help=f"preset name (aisrl/presets) or YAML file; default: {default}")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. max_steps=20 correction.name=tis")
         p.set_defaults(func=fn)
     args = parser.parse_args(argv)

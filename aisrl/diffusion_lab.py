@@ -1,11 +1,12 @@
 """The diffusion lab: a tiny masked-diffusion policy warm-started on a procedural task, for GRPO on a CPU.
 
 Same idea as `aisrl.lab` for causal models: the character tokenizer (plus one [MASK] id after its
-vocabulary), solver traces of a procedural task (4x4 Sudoku by default), and a supervised warm start stopped
-once held-out greedy accuracy enters `LabConfig.target`, cached on disk by configuration. The warm start is
-LLaDA's masked-token objective: the completion is padded with EOS to gen_length, a time t ~ U(0, 1] per
-sequence masks each completion token with probability t, and the loss is the cross-entropy of the masked
-tokens weighted by 1/t, averaged over completion positions (an upper bound on the negative log-likelihood).
+vocabulary), solver traces of a procedural task (4x4 Sudoku by default), and a supervised warm start of a
+fixed number of steps (`LabConfig.sft_steps`; the loop is `aisrl.lab.run_sft`), cached on disk by configuration.
+The warm start is LLaDA's masked-token objective: the completion is padded with EOS to gen_length, a time
+t ~ U(0, 1] per sequence masks each completion token with probability t, and the loss is the cross-entropy of
+the masked tokens weighted by 1/t, averaged over completion positions (an upper bound on the negative
+log-likelihood).
 """
 
 from __future__ import annotations
@@ -17,7 +18,16 @@ import torch
 from torch.nn import functional as F
 
 from aisrl.diffusion import DiffusionParams, tiny_diffusion_model
-from aisrl.lab import CharTokenizer, LabConfig, _cache_dir, completion_text, lab_task, prompt_text, publish_cache
+from aisrl.lab import (
+    CharTokenizer,
+    LabConfig,
+    _cache_dir,
+    completion_text,
+    lab_task,
+    prompt_text,
+    publish_cache,
+    run_sft,
+)
 
 
 def mask_id_of(tok: CharTokenizer) -> int:
@@ -59,21 +69,22 @@ def diffusion_lab_model(cfg: LabConfig, params: DiffusionParams, verbose: bool =
                          f"({max(len(c) for _, c in seqs)} tokens with EOS)")  # fmt: skip
     gen = torch.Generator().manual_seed(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    acc, step = diffusion_accuracy(model, tok, task, held, params), 0
-    while not (cfg.target[0] <= acc <= cfg.target[1]) and step < cfg.sft_max_steps:
+
+    def train_steps(n: int) -> torch.Tensor:
         model.train()
-        for _ in range(50):
+        for _ in range(n):
             idx = torch.randint(len(seqs), (64,), generator=gen).tolist()
             loss = masked_sft_loss(model, [seqs[i] for i in idx], params.gen_length, tok, gen)
             opt.zero_grad()
             loss.backward()
             opt.step()
-            step += 1
+        return loss.detach()
+
+    def accuracy() -> float:
         model.eval()
-        acc = diffusion_accuracy(model, tok, task, held, params)
-        if verbose:
-            print(f"diffusion lab SFT step {step}: loss {loss.item():.3f}, held-out greedy accuracy {acc:.2f}",
-                  flush=True)  # fmt: skip
+        return diffusion_accuracy(model, tok, task, held, params)
+
+    step, acc = run_sft(cfg, train_steps, accuracy, "diffusion lab SFT" if verbose else None)
     info = {"sft_steps": step, "heldout_greedy_accuracy": acc, "params": sum(p.numel() for p in model.parameters())}
     publish_cache(cache, lambda tmp: (save_file(model.state_dict(), tmp / "model.safetensors"),
                                       (tmp / "info.json").write_text(json.dumps(info))))  # fmt: skip

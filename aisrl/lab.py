@@ -3,9 +3,15 @@
 SmolLM2-135M is too weak and too slow here for multi-seed studies. The lab model is a Llama-style transformer
 of about 1.5M parameters with a character tokenizer built locally (the four format tags are single
 tokens). It is warm-started by supervised fine-tuning on solver traces of a procedural task
-(`<reasoning>23+48=71</reasoning><answer>71</answer>`), deterministically, and stopped early so its held-out
-success rate sits between the bounds of `LabConfig.target`; GRPO then has room to lift it. The result is
-cached on disk under a hash of the configuration, so a second run starts instantly.
+(`<reasoning>23+48=71</reasoning><answer>71</answer>`) for a fixed number of steps, chosen per preset so its
+held-out success rate leaves GRPO room to lift it. The result is cached on disk under a hash of the
+configuration, so a second run starts instantly.
+
+Why a fixed step count rather than "stop once held-out accuracy enters a band": the SFT is deterministic on one
+machine, but another CPU rounds differently, and where a noisy 80-problem check first enters a band moved the
+default lab's stop from step 750 on one machine to step 450 on another, a weaker model that GRPO then did not
+improve. A fixed count puts every machine at the same stage of training. The band stop stays available
+(`LabConfig.target`) for exploring.
 """
 
 from __future__ import annotations
@@ -78,10 +84,12 @@ class LabConfig:
     """Transformer layers."""
     sft_examples: int = 600
     """Solver traces used for the warm start."""
-    sft_max_steps: int = 1000
-    """Upper bound on SFT steps (batch 64)."""
-    target: tuple[float, float] = (0.1, 0.7)
-    """Stop SFT once held-out greedy accuracy is inside this band (checked every 50 steps)."""
+    sft_steps: int = 750
+    """SFT steps (batch 64). A fixed count, so the warm start reaches the same stage of training on any CPU."""
+    target: tuple[float, float] | None = None
+    """Optional early stop: end the SFT at the first held-out check (every 50 steps) whose greedy accuracy is
+    inside this band, after at most `sft_steps`. Off by default: where the check first lands in a band depends
+    on the CPU's float rounding, so the warm start would differ between machines."""
     lr: float = 3e-3
     """SFT learning rate (AdamW, cosine-free, constant)."""
     seed: int = 0
@@ -133,24 +141,47 @@ def lab_model(cfg: LabConfig | None = None, verbose: bool = True):
             for p in train]  # fmt: skip
     gen = torch.Generator().manual_seed(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    acc, step = greedy_accuracy(model, tok, held, task), 0
-    while not (cfg.target[0] <= acc <= cfg.target[1]) and step < cfg.sft_max_steps:
+
+    def train_steps(n: int) -> torch.Tensor:
         model.train()
-        for _ in range(50):
+        for _ in range(n):
             idx = torch.randint(len(seqs), (64,), generator=gen).tolist()
             loss = _sft_loss(model, [seqs[i] for i in idx], tok.pad_token_id)
             opt.zero_grad()
             loss.backward()
             opt.step()
-            step += 1
+        return loss.detach()
+
+    def accuracy() -> float:
         model.eval()
-        acc = greedy_accuracy(model, tok, held, task)
-        if verbose:
-            print(f"lab SFT step {step}: loss {loss.item():.3f}, held-out greedy accuracy {acc:.2f}", flush=True)
+        return greedy_accuracy(model, tok, held, task)
+
+    step, acc = run_sft(cfg, train_steps, accuracy, "lab SFT" if verbose else None)
     info = {"sft_steps": step, "heldout_greedy_accuracy": acc, "params": sum(p.numel() for p in model.parameters()),
             "config": asdict(cfg)}  # fmt: skip
     publish_cache(cache, lambda tmp: (save_model(model, tmp), (tmp / "info.json").write_text(json.dumps(info))))
     return model, tok, info
+
+
+def run_sft(cfg: LabConfig, train_steps, accuracy, label: str | None, chunk: int = 50) -> tuple[int, float]:
+    """(steps, held-out accuracy) of a warm start: `train_steps(n)` runs n optimiser steps and returns the last
+    loss, `accuracy()` scores the held-out problems. Trains `cfg.sft_steps` steps in chunks of `chunk`, printing
+    the loss after each chunk when `label` is given; with `cfg.target` set, the held-out accuracy is checked
+    before training and after every chunk, and training stops at the first check inside the band."""
+    inside = lambda a: cfg.target is not None and cfg.target[0] <= a <= cfg.target[1]  # noqa: E731
+    step, acc = 0, accuracy() if cfg.target is not None else None
+    while step < cfg.sft_steps and not inside(acc):
+        n = min(chunk, cfg.sft_steps - step)
+        loss = train_steps(n)
+        step += n
+        acc = accuracy() if cfg.target is not None else None
+        if label:
+            print(f"{label} step {step}: loss {loss.item():.3f}"
+                  + (f", held-out greedy accuracy {acc:.2f}" if acc is not None else ""), flush=True)  # fmt: skip
+    acc = accuracy() if acc is None else acc
+    if label:
+        print(f"{label}: {step} steps, held-out greedy accuracy {acc:.2f}", flush=True)
+    return step, acc
 
 
 def publish_cache(cache: Path, write) -> None:

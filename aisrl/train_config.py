@@ -16,6 +16,7 @@ from aisrl.config import apply_mapping, apply_overrides
 from aisrl.lab import LabConfig
 
 PRESET_DIR = Path(__file__).parent / "presets"
+DEFAULT_PRESET = "lab_columns"  # the main job (`make run`): what `aisrl train` and `aisrl eval` run without a preset
 
 
 @dataclass

@@ -68,7 +68,7 @@ def run_one(shape, steps, new, quant, out_dir, device):
     overrides = [f"device={device}", "precision=bf16" if device == "cuda" else "precision=fp32",
                  "rollout.engine=static", f"rollout.quant={quant}", f"rollout.max_new_tokens={new}",
                  "prompts_per_step=16", "group_size=8", "micro_batch=16", f"max_steps={steps}", "eval_problems=4",
-                 f"eval_every={10 * steps}", f"checkpoint_every={10 * steps}", "lab.sft_max_steps=0",
+                 f"eval_every={10 * steps}", f"checkpoint_every={10 * steps}", "lab.sft_steps=0",
                  "correction.name=ais", f"output_dir={out_dir}"]  # fmt: skip
     train(load_config("lab", overrides), log=lambda _: None)
 

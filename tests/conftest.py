@@ -1,7 +1,7 @@
 """Shared test settings."""
 
 # A lab run small enough for tests: a 1-layer width-32 model, no SFT, 4 prompts x 4 samples, 8 tokens.
-TINY_LAB = ["lab.hidden=32", "lab.layers=1", "lab.sft_max_steps=0", "prompts_per_step=4", "group_size=4",
+TINY_LAB = ["lab.hidden=32", "lab.layers=1", "lab.sft_steps=0", "prompts_per_step=4", "group_size=4",
             "rollout.max_new_tokens=8", "eval_problems=8", "train_problems=64"]  # fmt: skip
 
 

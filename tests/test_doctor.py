@@ -41,7 +41,7 @@ def test_preset_diagnoses_the_lab_models_as_their_trainer_scores_them(tmp_path, 
     gen = "{max_new_tokens: 40}" if kind == "diffusion" else "{max_new_tokens: 8}"
     (tmp_path / "tiny.yaml").write_text(
         f"model: {{name: lab, kind: {kind}}}\n"
-        "lab: {task: sudoku4, hidden: 32, layers: 1, sft_max_steps: 0}\n"
+        "lab: {task: sudoku4, hidden: 32, layers: 1, sft_steps: 0}\n"
         f"rollout: {gen}\ndiffusion: {{block_length: 8, steps: 5}}\n"
     )
     cfg = DoctorConfig(preset=str(tmp_path / "tiny.yaml"), formats=["fp8_e4m3_w8a8", "mxfp4_w4a4"], prompts=4)

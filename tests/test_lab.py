@@ -1,8 +1,11 @@
-"""The lab: tokenizer round trip, the SFT warm start lands in its target band, and is cached."""
+"""The lab: tokenizer round trip; the SFT warm start runs a fixed number of steps (or stops inside an optional
+accuracy band), its held-out checks do not perturb training, and it is cached."""
 
 import pytest
+import torch
 
-from aisrl.lab import CharTokenizer, LabConfig, completion_text, lab_model
+from aisrl.checkpoint import weights_digest
+from aisrl.lab import CharTokenizer, LabConfig, completion_text, lab_model, run_sft
 from aisrl.tasks import Problem
 
 
@@ -17,13 +20,62 @@ def test_char_tokenizer_round_trip_and_tags():
     assert completion_text(Problem("2+2", "4", "2+2=4")) == "<reasoning>2+2=4</reasoning><answer>4</answer>"
 
 
-@pytest.mark.slow
-def test_sft_warm_start_reaches_its_band_and_is_cached(tmp_path, monkeypatch):
+class _FakeSFT:
+    """Records what run_sft asks for; the accuracy after k steps is accs[k // 50]."""
+
+    def __init__(self, accs):
+        self.accs, self.steps, self.calls, self.checks = accs, 0, [], 0
+
+    def train(self, n):
+        self.calls.append(n)
+        self.steps += n
+        return torch.tensor(1.0)
+
+    def accuracy(self):
+        self.checks += 1
+        return self.accs[min(self.steps // 50, len(self.accs) - 1)]
+
+
+def test_run_sft_fixed_count_trains_every_step_and_scores_once_at_the_end():
+    fake = _FakeSFT([0.0, 0.5, 0.5, 0.9])
+    steps, acc = run_sft(LabConfig(sft_steps=120), fake.train, fake.accuracy, None)
+    assert fake.calls == [50, 50, 20] and steps == 120  # a partial last chunk, nothing more
+    assert fake.checks == 1 and acc == 0.5  # one held-out score, after step 120 (accs[2])
+    fake = _FakeSFT([0.3])
+    assert run_sft(LabConfig(sft_steps=0), fake.train, fake.accuracy, None) == (0, 0.3) and fake.calls == []
+
+
+def test_run_sft_with_a_band_stops_at_the_first_check_inside_it_or_at_the_step_budget():
+    fake = _FakeSFT([0.0, 0.05, 0.2, 0.5])
+    assert run_sft(LabConfig(sft_steps=1000, target=(0.1, 0.4)), fake.train, fake.accuracy, None) == (100, 0.2)
+    assert fake.checks == 3  # before training, after 50, after 100
+    fake = _FakeSFT([0.2])  # already inside: no training at all
+    assert run_sft(LabConfig(sft_steps=1000, target=(0.1, 0.4)), fake.train, fake.accuracy, None) == (0, 0.2)
+    fake = _FakeSFT([0.0, 0.0, 0.0, 0.9])  # never inside within 130 steps: the budget ends it
+    assert run_sft(LabConfig(sft_steps=130, target=(0.1, 0.4)), fake.train, fake.accuracy, None) == (130, 0.0)
+    assert fake.calls == [50, 50, 30]
+
+
+def test_band_checks_do_not_perturb_training(tmp_path, monkeypatch):
+    """A band that is never reached checks accuracy every 50 steps; the weights must equal those of the fixed
+    count, so a fixed `sft_steps` reproduces a band-stopped warm start of the same length exactly."""
     monkeypatch.setenv("AISRL_CACHE", str(tmp_path))
-    cfg = LabConfig()  # the default lab: seed 0
+    tiny = dict(hidden=32, layers=1, sft_examples=64, sft_steps=60)
+    fixed, _, info = lab_model(LabConfig(**tiny), verbose=False)
+    banded, _, banded_info = lab_model(LabConfig(**tiny, target=(2.0, 3.0)), verbose=False)
+    assert info["sft_steps"] == banded_info["sft_steps"] == 60
+    assert weights_digest(fixed.state_dict()) == weights_digest(banded.state_dict())
+    untrained, _, _ = lab_model(LabConfig(**tiny | {"sft_steps": 0}), verbose=False)
+    assert weights_digest(untrained.state_dict()) != weights_digest(fixed.state_dict())  # it did train
+
+
+@pytest.mark.slow
+def test_default_warm_start_trains_its_steps_leaves_room_for_rl_and_is_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path))
+    cfg = LabConfig()  # the default lab (the main job's warm start): seed 0, 750 steps
     _, _, info = lab_model(cfg, verbose=False)
-    lo, hi = cfg.target
-    assert lo <= info["heldout_greedy_accuracy"] <= hi and info["sft_steps"] < cfg.sft_max_steps
+    assert info["sft_steps"] == cfg.sft_steps == 750
+    assert 0.05 <= info["heldout_greedy_accuracy"] <= 0.6  # it learned something and left GRPO room
     assert 1e6 < info["params"] < 5e6
     again = lab_model(cfg, verbose=False)[2]  # second call: loaded from the cache, same numbers
     assert again == info | {"config": again["config"]}

@@ -49,7 +49,7 @@ def test_lora_training_moves_adapters_only(tmp_path, monkeypatch):
     out = tmp_path / "run"
     train(load_config("lab", [*tiny, "max_steps=2", "lora.r=4", f"output_dir={out}"]), log=lambda _: None)
     state = load_file(latest_checkpoint(out) / "model.safetensors")
-    base, _, _ = lab_model(LabConfig(hidden=32, layers=1, sft_max_steps=0), verbose=False)
+    base, _, _ = lab_model(LabConfig(hidden=32, layers=1, sft_steps=0), verbose=False)
     before = dict(base.named_parameters())
     lora_b = [k for k in state if "lora_B" in k]
     assert lora_b and any(state[k].abs().max() > 0 for k in lora_b)  # adapters trained

@@ -20,7 +20,7 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("fmt", ["fp8_e4m3_w8a8", "mxfp4_w4a4"])
 def test_aligned_trainer_logprobs_match_the_rollout_copy(fmt):
-    model, tok, _ = lab_model(LabConfig(hidden=64, layers=2, sft_max_steps=0), verbose=False)
+    model, tok, _ = lab_model(LabConfig(hidden=64, layers=2, sft_steps=0), verbose=False)
     torch.manual_seed(0)
     for p in model.parameters():  # a non-trivial policy: random weights of a realistic scale
         p.data.normal_(0, 0.2)

@@ -6,7 +6,7 @@ import pytest
 
 from aisrl.cli import main
 
-TINY = ["model.kind=diffusion", "lab.task=sudoku4", "lab.hidden=32", "lab.layers=1", "lab.sft_max_steps=0",
+TINY = ["model.kind=diffusion", "lab.task=sudoku4", "lab.hidden=32", "lab.layers=1", "lab.sft_steps=0",
         "prompts_per_step=4", "group_size=4", "rollout.max_new_tokens=40", "diffusion.block_length=8",
         "diffusion.steps=5", "eval_problems=4", "train_problems=16", "max_steps=2", "eval_every=2"]  # fmt: skip
 
