@@ -27,6 +27,7 @@ from aisrl.lab import (
     prompt_text,
     publish_cache,
     run_sft,
+    sft_trainer,
 )
 
 
@@ -67,18 +68,8 @@ def diffusion_lab_model(cfg: LabConfig, params: DiffusionParams, verbose: bool =
     if max(len(c) for _, c in seqs) > params.gen_length:
         raise ValueError(f"gen_length={params.gen_length} is shorter than the task's completions "
                          f"({max(len(c) for _, c in seqs)} tokens with EOS)")  # fmt: skip
-    gen = torch.Generator().manual_seed(cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-
-    def train_steps(n: int) -> torch.Tensor:
-        model.train()
-        for _ in range(n):
-            idx = torch.randint(len(seqs), (64,), generator=gen).tolist()
-            loss = masked_sft_loss(model, [seqs[i] for i in idx], params.gen_length, tok, gen)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        return loss.detach()
+    loss_of = lambda batch, gen: masked_sft_loss(model, batch, params.gen_length, tok, gen)  # noqa: E731
+    train_steps = sft_trainer(cfg, model, seqs, loss_of)
 
     def accuracy() -> float:
         model.eval()

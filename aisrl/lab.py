@@ -139,18 +139,7 @@ def lab_model(cfg: LabConfig | None = None, verbose: bool = True):
     held = task.problems("test", 80, seed=cfg.seed + 1)
     seqs = [([tok.bos_token_id] + tok.encode(prompt_text(p)), tok.encode(completion_text(p)) + [tok.eos_token_id])
             for p in train]  # fmt: skip
-    gen = torch.Generator().manual_seed(cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-
-    def train_steps(n: int) -> torch.Tensor:
-        model.train()
-        for _ in range(n):
-            idx = torch.randint(len(seqs), (64,), generator=gen).tolist()
-            loss = _sft_loss(model, [seqs[i] for i in idx], tok.pad_token_id)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        return loss.detach()
+    train_steps = sft_trainer(cfg, model, seqs, lambda batch, gen: _sft_loss(model, batch, tok.pad_token_id))
 
     def accuracy() -> float:
         model.eval()
@@ -161,6 +150,26 @@ def lab_model(cfg: LabConfig | None = None, verbose: bool = True):
             "config": asdict(cfg)}  # fmt: skip
     publish_cache(cache, lambda tmp: (save_model(model, tmp), (tmp / "info.json").write_text(json.dumps(info))))
     return model, tok, info
+
+
+def sft_trainer(cfg: LabConfig, model, seqs: list, batch_loss):
+    """`train_steps(n)` for `run_sft`: n AdamW steps (learning rate `cfg.lr`, no weight decay), each on 64 of `seqs`
+    drawn by a generator seeded with `cfg.seed`; `batch_loss(batch, gen)` may draw from the same generator.
+    Returns the last step's loss."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+
+    def train_steps(n: int) -> torch.Tensor:
+        model.train()
+        for _ in range(n):
+            idx = torch.randint(len(seqs), (64,), generator=gen).tolist()
+            loss = batch_loss([seqs[i] for i in idx], gen)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return loss.detach()
+
+    return train_steps
 
 
 def run_sft(cfg: LabConfig, train_steps, accuracy, label: str | None, chunk: int = 50) -> tuple[int, float]:
