@@ -72,6 +72,9 @@ class CorrectionConfig:
     """Truncation cap C (tis, seq_tis, prefix_tis, geo_tis, ais)."""
     ema: float = 0.0
     """AIS: smoothing of alpha across steps (0 = per-batch alpha)."""
+    alpha: float | None = None
+    """AIS: pin alpha to this value in [0, 1] instead of computing it (an ablation: 0 is `none`, 1 is `tis`; the
+    diagnostics and the alpha AIS would have chosen, `alpha_batch`, are still logged). None = adaptive."""
     bypass: bool = False
     """Use rollout_logp as old_logp and skip the trainer-side recompute (then every weight is 1)."""
     mask_errors: bool = False

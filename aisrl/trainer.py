@@ -146,7 +146,7 @@ def completion_texts(tok, r) -> list[str]:
 def validate(cfg: TrainConfig) -> None:
     if cfg.correction.name not in CORRECTIONS:
         raise ValueError(f"unknown correction {cfg.correction.name!r}; choose from {sorted(CORRECTIONS)}")
-    try:  # the correction checks its own options (cap, ema) on a one-token batch, before any model is built
+    try:  # the correction checks its own options (cap, ema, alpha) on a one-token batch, before any model is built
         correct(cfg.correction.name, torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool),
                 **_correction_options(cfg, None))  # fmt: skip
     except ValueError as e:
@@ -205,6 +205,8 @@ def _correction_options(cfg: TrainConfig, prev_alpha):
         opts["cap"] = cfg.correction.cap
     if name == "ais" and cfg.correction.ema > 0:
         opts.update(ema=cfg.correction.ema, prev_alpha=prev_alpha)
+    if cfg.correction.alpha is not None:  # any other correction refuses the option, naming the ones it takes
+        opts["alpha"] = cfg.correction.alpha
     return opts
 
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from aisrl.checkpoint import latest_checkpoint, load_checkpoint, run_start, same_start, save_checkpoint, weights_digest
 from aisrl.cli import main
 from aisrl.train_config import PRESET_DIR, load_config
-from aisrl.trainer import build, train
+from aisrl.trainer import build, train, validate
 
 TINY = [*TINY_LAB, "eval_every=2", "warmup_steps=5"]  # warm-up spans the resume point: lr must match
 
@@ -258,8 +258,6 @@ def test_gpu_run_matches_cpu_run(tmp_path):
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
 def test_every_preset_is_a_valid_config(preset):
-    from aisrl.trainer import validate
-
     cfg = load_config(preset, ["device=cpu"])  # GPU presets are checked here without a GPU
     validate(cfg)
     assert cfg.max_steps >= 1 and cfg.output_dir.startswith("runs/")
@@ -325,3 +323,27 @@ def test_guard_undoes_the_update_before_a_k3_spike(tmp_path, monkeypatch):
     a7, b5 = load_file(tmp_path / "a/checkpoints/step_000007/model.safetensors"), load_file(
         tmp_path / "b/checkpoints/step_000005/model.safetensors")  # fmt: skip
     assert all(torch.equal(a7[k], b5[k]) for k in a7)  # step 7 is back at the weights before update 6
+
+
+def test_a_pinned_alpha_runs_ais_as_the_chosen_point_between_none_and_tis(tmp_path, monkeypatch):
+    # a reward that varies, so the update is not zero; FP8 rollouts put w != 1 on nearly every token
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    base = [*TINY, "max_steps=1", "rollout.quant=fp8_e4m3_w8a8"]
+
+    def step(name, *extra):
+        out = tmp_path / f"{name}{'_'.join(extra)}"
+        train(load_config("lab", [*base, f"correction.name={name}", *extra, f"output_dir={out}"]), log=lambda _: None)
+        return rows(out)[0]
+
+    none, tis, adaptive = step("none"), step("tis"), step("ais")
+    at0, at1, half = (step("ais", f"correction.alpha={a}") for a in (0, 1, 0.5))
+    assert at0["grad_norm"] == none["grad_norm"] and at1["grad_norm"] == tis["grad_norm"]  # the two end points, exactly
+    assert half["alpha"] == 0.5 and len({none["grad_norm"], half["grad_norm"], tis["grad_norm"]}) == 3
+    # the diagnostics are still computed: alpha_batch is the alpha AIS would have used on the same batch
+    assert half["alpha_batch"] == adaptive["alpha"] != 0.5
+    with pytest.raises(ValueError, match=r"correction 'tis' got unknown option\(s\) \['alpha'\]"):
+        validate(load_config("lab", ["correction.name=tis", "correction.alpha=0.5"]))
+    with pytest.raises(ValueError, match="either a fixed alpha or ema"):
+        validate(load_config("lab", ["correction.alpha=0.5", "correction.ema=0.9"]))
+    with pytest.raises(ValueError, match=r"alpha must be in \[0, 1\], got 1.5"):
+        validate(load_config("lab", ["correction.alpha=1.5"]))
