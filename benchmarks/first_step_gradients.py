@@ -1,0 +1,86 @@
+"""Where the uncorrected gradient comes from under a harsh rollout format (issue 5; docs/ais.md section 5).
+
+    OMP_NUM_THREADS=1 python benchmarks/first_step_gradients.py [preset=lab_columns] [quant=mxfp4_w4a4]
+        [seeds=0,1,2,3,4,5] [below=0.5]
+
+Every run of a seed samples the same first batch (same warm start, prompts and sampling seeds), and at the first
+step the PPO ratio is 1, so the policy gradient is linear in the per-token weights. This script trains one step
+per seed four times, each from a fresh directory, and reads the gradient norm (before clipping):
+- `none`: weight 1 on every token (the uncorrected gradient);
+- `tis`: min(w, 2);
+- `low`: weight 1 on the tokens whose w = pi/mu is below `below`, 0 elsewhere;
+- `rest`: weight 1 on the others.
+The loss keeps its denominator (every token stays in the mask), so g_none = g_low + g_rest exactly, and the three
+norms give the angle between the two parts. Held-out evaluations are skipped (this measures gradients only).
+Writes benchmarks/results/first_step_gradients_<preset>_<quant>.json.
+"""
+
+import json
+import math
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+import aisrl.trainer as trainer
+from aisrl.bench.report import machine, write_json
+from aisrl.train_config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def first_step_norm(preset: str, quant: str, seed: int, name: str, select: str | None, below: float) -> dict:
+    """{grad_norm, low_frac} of step 1 with correction `name`, its weights zeroed outside the `select`ed tokens;
+    low_frac: the share of valid tokens with w below `below`."""
+    correct, seen = trainer.correct, {}
+
+    def selective(cname, old_logp, rollout_logp, mask, **kw):
+        res = correct(cname, old_logp, rollout_logp, mask, **kw)
+        if select is None or cname != name:
+            return res
+        low = (old_logp - rollout_logp) < math.log(below)  # (N, T) tokens with w < below
+        seen["low_frac"] = ((low & mask).sum() / mask.sum()).item()
+        keep = low if select == "low" else ~low
+        return res._replace(weights=torch.where(keep, res.weights, 0.0))  # same mask: same loss denominator
+
+    saved = trainer.correct, trainer.evaluate
+    trainer.correct, trainer.evaluate = selective, lambda *a, **k: 0.0
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = load_config(preset, [f"seed={seed}", f"rollout.quant={quant}", f"correction.name={name}",
+                                       "max_steps=1", f"output_dir={tmp}/run"])  # fmt: skip
+            trainer.train(cfg, log=lambda _: None)
+            row = (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()[0]
+    finally:
+        trainer.correct, trainer.evaluate = saved
+    return {"grad_norm": json.loads(row)["grad_norm"], **seen}
+
+
+def main(preset: str, quant: str, seeds: list[int], below: float) -> dict:
+    per_seed = {}
+    for s in seeds:
+        runs = {k: first_step_norm(preset, quant, s, name, sel, below)
+                for k, name, sel in (("none", "none", None), ("tis", "tis", None), ("low", "none", "low"),
+                                     ("rest", "none", "rest"))}  # fmt: skip
+        n = {k: r["grad_norm"] for k, r in runs.items()}
+        n["low_frac"] = runs["low"]["low_frac"]
+        both = n["low"] * n["rest"]  # no token below the threshold: no angle
+        n["cos_low_rest"] = (n["none"] ** 2 - n["low"] ** 2 - n["rest"] ** 2) / (2 * both) if both > 0 else None
+        per_seed[s] = n
+        print(f"seed {s}: " + "  ".join(f"{k} {v:.4f}" for k, v in n.items() if v is not None))
+    keys = ("none", "tis", "low", "rest", "low_frac", "cos_low_rest")
+    mean = {k: statistics.mean(x) if (x := [v[k] for v in per_seed.values() if v[k] is not None]) else None
+            for k in keys}  # fmt: skip
+    print("mean: " + "  ".join(f"{k} {v:.4f}" for k, v in mean.items() if v is not None))
+    out = {"preset": preset, "quant": quant, "below": below, "seeds": per_seed, "mean": mean, "machine": machine(),
+           "command": "python benchmarks/first_step_gradients.py " + " ".join(sys.argv[1:])}  # fmt: skip
+    write_json(ROOT / "benchmarks" / "results" / f"first_step_gradients_{preset}_{quant}.json", out)
+    return out
+
+
+if __name__ == "__main__":
+    kw = dict(a.split("=", 1) for a in sys.argv[1:])
+    main(kw.get("preset", "lab_columns"), kw.get("quant", "mxfp4_w4a4"),
+         [int(x) for x in kw.get("seeds", "0,1,2,3,4,5").split(",")], float(kw.get("below", 0.5)))  # fmt: skip
