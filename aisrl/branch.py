@@ -69,8 +69,7 @@ def _out(cfg: BranchConfig) -> Path:
 def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
     """(salt, TrainConfig, `aisrl train` arguments) of every branch; checks the run, the step and the settings
     before anything runs."""
-    from aisrl.train_config import load_config
-    from aisrl.trainer import validate
+    from aisrl.train_config import load_config, validate
 
     run = Path(cfg.run)
     if not cfg.run or not run.is_dir():

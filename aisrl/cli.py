@@ -94,7 +94,8 @@ def _branch(args) -> int:
 
 def _eval(args) -> int:
     from aisrl.checkpoint import latest_checkpoint
-    from aisrl.trainer import build, evaluate, make_policy, problem_sets, resolve_device
+    from aisrl.train_config import resolve_device
+    from aisrl.trainer import build, evaluate, make_policy, problem_sets
 
     cfg = _train_config(args)
     ckpt = latest_checkpoint(cfg.output_dir)

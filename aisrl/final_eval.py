@@ -104,7 +104,8 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
     (`cfg.eval_problems`; the lab's arithmetic has about 100 of them, hence more samples of each)."""
     from aisrl.checkpoint import latest_checkpoint
     from aisrl.lora import merged_state
-    from aisrl.trainer import _eval_mode, _rollout_model, build, make_policy, problem_sets, resolve_device
+    from aisrl.train_config import resolve_device
+    from aisrl.trainer import _eval_mode, _rollout_model, build, make_policy, problem_sets
 
     run_dir = Path(run_dir)
     ckpt = latest_checkpoint(run_dir)

@@ -34,17 +34,17 @@ from aisrl.checkpoint import (
     record_start,
     save_checkpoint,
 )
-from aisrl.correction import CORRECTIONS, correct, options_of
+from aisrl.correction import correct
 from aisrl.dist import all_sum
 from aisrl.lora import apply_lora, merged_state
-from aisrl.losses import AGGREGATIONS, LOSSES, group_advantages
+from aisrl.losses import group_advantages
 from aisrl.policy import CausalPolicy, DiffusionPolicy
 from aisrl.qarl import align_, error_tokens, set_alignment
 from aisrl.quant import quant_config, quantize_, sync_weights
 from aisrl.rollout import SamplingParams, device_of
 from aisrl.solrl import select_extremes
 from aisrl.tracking import Tracker
-from aisrl.train_config import TrainConfig
+from aisrl.train_config import PRECISIONS, TrainConfig, correction_options, diffusion_params, resolve_device, validate
 from aisrl.update import MismatchGuard, _eval_mode, _update
 
 
@@ -54,7 +54,7 @@ def build(cfg: TrainConfig):
         from aisrl.diffusion_lab import diffusion_lab_model, encode_prompt
         from aisrl.lab import lab_task
 
-        model, tok, _ = diffusion_lab_model(cfg.lab, _diffusion_params(cfg))
+        model, tok, _ = diffusion_lab_model(cfg.lab, diffusion_params(cfg))
         return model, tok, lab_task(cfg.lab), lambda p: encode_prompt(tok, p)
     if cfg.model.name == "lab":
         from aisrl.lab import lab_model, lab_task, prompt_text
@@ -99,13 +99,6 @@ def _chat_encoder(tok):
     return encode
 
 
-def _diffusion_params(cfg: TrainConfig):
-    from aisrl.diffusion import DiffusionParams
-
-    d = cfg.diffusion
-    return DiffusionParams(cfg.rollout.max_new_tokens, d.block_length, d.steps, cfg.rollout.temperature, d.remasking)
-
-
 def _mask_id(cfg: TrainConfig, tok, model) -> int:
     """The [MASK] id of a diffusion model: diffusion.mask_id, else the checkpoint's config, else the tokenizer's."""
     if cfg.diffusion.mask_id >= 0:
@@ -125,7 +118,7 @@ def make_policy(cfg: TrainConfig, tok, model=None):
     """How this model kind samples and scores (aisrl.policy); `model` tells a diffusion checkpoint's [MASK] id."""
     pad = tok.pad_token_id or 0
     if cfg.model.kind == "diffusion":
-        return DiffusionPolicy(_diffusion_params(cfg), _mask_id(cfg, tok, model), pad, tok.eos_token_id,
+        return DiffusionPolicy(diffusion_params(cfg), _mask_id(cfg, tok, model), pad, tok.eos_token_id,
                                cfg.diffusion.p_mask, cfg.seed, cfg.micro_batch)  # fmt: skip
     params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
     return CausalPolicy(params, pad, tok.eos_token_id, cfg.micro_batch, tok)
@@ -143,102 +136,9 @@ def completion_texts(tok, r) -> list[str]:
             for i in range(r.completion_ids.shape[0])]  # fmt: skip
 
 
-def validate(cfg: TrainConfig) -> None:
-    if cfg.correction.name not in CORRECTIONS:
-        raise ValueError(f"unknown correction {cfg.correction.name!r}; choose from {sorted(CORRECTIONS)}")
-    try:  # the correction checks its own options (cap, ema, alpha) on a one-token batch, before any model is built
-        correct(cfg.correction.name, torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool),
-                **_correction_options(cfg, None))  # fmt: skip
-    except ValueError as e:
-        raise ValueError(f"correction settings: {e}") from e
-    if cfg.correction.guard < 0 or 0 < cfg.correction.guard <= 1:
-        raise ValueError(f"correction.guard is a factor over the recent k3 KL: 0 (off) or above 1, e.g. 4; "
-                         f"got {cfg.correction.guard}")  # fmt: skip
-    if not 0.0 <= cfg.correction.veto < 1.0:
-        raise ValueError(f"correction.veto is a weight below which a sequence is dropped, in [0, 1); "
-                         f"got {cfg.correction.veto}")  # fmt: skip
-    if not 0 <= cfg.sample_salt < 1_000_000:  # larger salts would overflow the engine's int64 seeds
-        raise ValueError(f"sample_salt must be in [0, 1000000), got {cfg.sample_salt}")
-    if cfg.agg not in AGGREGATIONS:
-        raise ValueError(f"unknown agg {cfg.agg!r}; choose from {list(AGGREGATIONS)}")
-    if cfg.loss not in LOSSES:
-        raise ValueError(f"unknown loss {cfg.loss!r}; choose from {sorted(LOSSES)}")
-    if cfg.dual_clip and cfg.dual_clip <= 1:
-        raise ValueError(f"dual_clip must be 0 (off) or > 1, got {cfg.dual_clip}")
-    if cfg.rollout.align and (cfg.rollout.quant == "none" or cfg.lora.r > 0):
-        raise ValueError("rollout.align (QaRL) needs a rollout format (rollout.quant) and full fine-tuning (lora.r=0)")
-    if cfg.rollout.pool and cfg.correction.name != "none":
-        raise ValueError("rollout.pool (Sol-RL) trains the kept samples as on-policy: set correction.name=none "
-                         "(the mismatch metrics are still logged)")  # fmt: skip
-    if cfg.rollout.pool and cfg.rollout.pool <= cfg.group_size:
-        raise ValueError(
-            f"rollout.pool (Sol-RL) must exceed group_size={cfg.group_size} or be 0, got {cfg.rollout.pool}"
-        )
-    if cfg.rollout.quant != "none":
-        quant_config(cfg.rollout.quant)  # raises with the list of presets
-    if cfg.rollout.engine not in ("hf", "static"):
-        raise ValueError(f"unknown rollout.engine {cfg.rollout.engine!r}; choose from ['hf', 'static']")
-    if cfg.rollout.engine == "static" and (cfg.model.kind != "causal" or cfg.rollout.align):
-        raise ValueError("rollout.engine=static samples causal LMs without QaRL alignment (rollout.align=false)")
-    if cfg.rollout.engine == "static":
-        from aisrl.engine import engine_quant
-
-        engine_quant(cfg.rollout.quant)  # raises, naming the formats the engine runs, before any model is built
-    if cfg.model.kind not in ("causal", "diffusion"):
-        raise ValueError(f"unknown model.kind {cfg.model.kind!r}; choose from ['causal', 'diffusion']")
-    if cfg.model.kind == "diffusion":
-        _diffusion_params(cfg)  # raises on a bad block/step geometry
-    if cfg.group_size < 2:
-        raise ValueError("group_size must be >= 2 (GRPO advantages compare completions of one prompt)")
-    resolve_device(cfg.device)  # raises on a bad name or a GPU that is not there
-    if cfg.precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {cfg.precision!r}; choose from {sorted(PRECISIONS)}")
-    for key in ("max_steps", "prompts_per_step", "micro_batch", "epochs", "eval_every", "checkpoint_every",
-                "eval_problems", "train_problems"):  # fmt: skip
-        if getattr(cfg, key) < 1:
-            raise ValueError(f"config key {key!r} must be >= 1, got {getattr(cfg, key)}")
-
-
-def _correction_options(cfg: TrainConfig, prev_alpha):
-    name, opts = cfg.correction.name, {}
-    if "cap" in options_of(name):
-        opts["cap"] = cfg.correction.cap
-    if name == "ais" and cfg.correction.ema > 0:
-        opts.update(ema=cfg.correction.ema, prev_alpha=prev_alpha)
-    if cfg.correction.alpha is not None:  # any other correction refuses the option, naming the ones it takes
-        opts["alpha"] = cfg.correction.alpha
-    return opts
-
-
 def _keep_only(res, keep: torch.Tensor):
     """The correction result with only the tokens in `keep` (N, T) left in the loss."""
     return res._replace(mask=res.mask & keep, weights=torch.where(keep, res.weights, 0.0))
-
-
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
-"""Trainer-side precision -> autocast dtype (None: plain FP32)."""
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' | 'cpu' | 'cuda' | 'cuda:N' -> the device this process trains on (checked to exist)."""
-    import os
-
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and "LOCAL_RANK" in os.environ:
-        name = f"cuda:{os.environ['LOCAL_RANK']}"  # torchrun: one GPU per rank
-    elif name == "cuda" and torch.cuda.is_available():
-        name = f"cuda:{torch.cuda.current_device()}"  # an explicit index (torch.cuda.set_device needs one)
-    try:
-        dev = torch.device(name)
-    except RuntimeError as e:
-        raise ValueError(f"device {name!r} is not a device name; use auto, cpu, cuda or cuda:N") from e
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device {name!r}: the trainer runs on cpu or cuda")
-    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
-        raise ValueError(f"device {name!r} asked for, but this machine has {torch.cuda.device_count()} CUDA "
-                         "devices; use device=cpu (or auto)")  # fmt: skip
-    return dev
 
 
 def _init_distributed(device: torch.device) -> tuple[int, int]:
@@ -356,7 +256,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         t["time_logprob"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         res = correct(cfg.correction.name, old_logp, r.rollout_logp, r.completion_mask,
-                      **_correction_options(cfg, prev_alpha))  # fmt: skip
+                      **correction_options(cfg, prev_alpha))  # fmt: skip
         errors = error_tokens(r.completion_ids, r.completion_mask, old_logp - r.rollout_logp)  # (N, T)
         (n_err,) = all_sum(errors.sum().double())
         res.metrics["error_token_frac"] = n_err / res.metrics["num_tokens"].clamp(min=1)
