@@ -15,7 +15,6 @@ norms give the angle between the two parts. Held-out evaluations are skipped (th
 Writes benchmarks/results/first_step_gradients_<preset>_<quant>.json.
 """
 
-import json
 import math
 import statistics
 import sys
@@ -26,6 +25,7 @@ import torch
 
 import aisrl.trainer as trainer
 from aisrl.bench.report import machine, write_json
+from aisrl.compare import run_rows
 from aisrl.train_config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,10 +52,10 @@ def first_step_norm(preset: str, quant: str, seed: int, name: str, select: str |
             cfg = load_config(preset, [f"seed={seed}", f"rollout.quant={quant}", f"correction.name={name}",
                                        "max_steps=1", f"output_dir={tmp}/run"])  # fmt: skip
             trainer.train(cfg, log=lambda _: None)
-            row = (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()[0]
+            (row,) = run_rows(Path(tmp) / "run")
     finally:
         trainer.correct, trainer.evaluate = saved
-    return {"grad_norm": json.loads(row)["grad_norm"], **seen}
+    return {"grad_norm": row["grad_norm"], **seen}
 
 
 def main(preset: str, quant: str, seeds: list[int], below: float) -> dict:
