@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from aisrl.checkpoint import atomic_write_text
+from aisrl.compare import run_rows
 
 
 @dataclass
@@ -105,18 +106,13 @@ def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
     return out
 
 
-def _rows(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-
-
 def _start(run: Path, step: int, dst: Path) -> None:
     """Make `dst` a run folder resuming at `step` of `run`: that checkpoint and the metrics up to it."""
     if (dst / "checkpoints" / "latest").is_file():
         return  # started before: the trainer resumes it (or says it is done)
     name = f"step_{step:06d}"
     shutil.copytree(run / "checkpoints" / name, dst / "checkpoints" / name, dirs_exist_ok=True)
-    kept = [r for r in _rows(run) if r["step"] <= step]
+    kept = [r for r in run_rows(run) if r["step"] <= step]
     atomic_write_text(dst / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
     if (run / "start.json").is_file():  # a branch starts, in the end, from the weights its run started from
         shutil.copyfile(run / "start.json", dst / "start.json")
@@ -150,7 +146,7 @@ def run_branches(cfg: BranchConfig, log=print) -> dict:
 
     plans = branch_configs(cfg)
     out = _out(cfg)
-    if not any(r.get("step") == cfg.step and "eval_accuracy" in r for r in _rows(Path(cfg.run))):
+    if not any(r.get("step") == cfg.step and "eval_accuracy" in r for r in run_rows(Path(cfg.run))):
         log(f"branch: {cfg.run} did not evaluate at step {cfg.step}, so no change of held-out accuracy is reported; "
             "branch from a step it evaluated at to get one")  # fmt: skip
     for _, tc, _ in plans:
@@ -162,7 +158,7 @@ def run_branches(cfg: BranchConfig, log=print) -> dict:
     else:
         runs = [(f"salt {salt}", args, Path(tc.output_dir)) for salt, tc, args in plans]
         train_subprocesses(runs, cfg.jobs, lambda m: log(f"branch: {m}"))
-    results = {str(salt): summarize_branch(_rows(Path(tc.output_dir)), cfg.step, cfg.fall) for salt, tc, _ in plans}
+    results = {str(salt): summarize_branch(run_rows(Path(tc.output_dir)), cfg.step, cfg.fall) for salt, tc, _ in plans}
     changes = [r["eval_change"] for r in results.values() if r["eval_change"] is not None]
     result = {
         "config": asdict(cfg),

@@ -5,7 +5,7 @@
 
 Every run of a seed samples the same first batch (same warm start, prompts and sampling seeds), and at the first
 step the PPO ratio is 1, so the policy gradient is linear in the per-token weights. This script trains one step
-per seed four times, each from a fresh directory, and reads the gradient norm (before clipping):
+per seed four times (aisrl.bench.one_step) and reads the gradient norm (clipping off):
 - `none`: weight 1 on every token (the uncorrected gradient);
 - `tis`: min(w, 2);
 - `low`: weight 1 on the tokens whose w = pi/mu is below `below`, 0 elsewhere;
@@ -18,15 +18,12 @@ Writes benchmarks/results/first_step_gradients_<preset>_<quant>.json.
 import math
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
-import aisrl.trainer as trainer
+from aisrl.bench.one_step import one_step
 from aisrl.bench.report import machine, write_json
-from aisrl.compare import run_rows
-from aisrl.train_config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,10 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def first_step_norm(preset: str, quant: str, seed: int, name: str, select: str | None, below: float) -> dict:
     """{grad_norm, low_frac} of step 1 with correction `name`, its weights zeroed outside the `select`ed tokens;
     low_frac: the share of valid tokens with w below `below`."""
-    correct, seen = trainer.correct, {}
+    seen = {}
 
-    def selective(cname, old_logp, rollout_logp, mask, **kw):
-        res = correct(cname, old_logp, rollout_logp, mask, **kw)
+    def selective(cname, old_logp, rollout_logp, mask, res):
         if select is None or cname != name:
             return res
         low = (old_logp - rollout_logp) < math.log(below)  # (N, T) tokens with w < below
@@ -45,17 +41,8 @@ def first_step_norm(preset: str, quant: str, seed: int, name: str, select: str |
         keep = low if select == "low" else ~low
         return res._replace(weights=torch.where(keep, res.weights, 0.0))  # same mask: same loss denominator
 
-    saved = trainer.correct, trainer.evaluate
-    trainer.correct, trainer.evaluate = selective, lambda *a, **k: 0.0
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg = load_config(preset, [f"seed={seed}", f"rollout.quant={quant}", f"correction.name={name}",
-                                       "max_steps=1", f"output_dir={tmp}/run"])  # fmt: skip
-            trainer.train(cfg, log=lambda _: None)
-            (row,) = run_rows(Path(tmp) / "run")
-    finally:
-        trainer.correct, trainer.evaluate = saved
-    return {"grad_norm": row["grad_norm"], **seen}
+    _, grad = one_step(preset, [f"seed={seed}", f"rollout.quant={quant}", f"correction.name={name}"], hook=selective)
+    return {"grad_norm": grad.norm().item(), **seen}
 
 
 def main(preset: str, quant: str, seeds: list[int], below: float) -> dict:

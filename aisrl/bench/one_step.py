@@ -1,0 +1,75 @@
+"""One GRPO step of the real trainer, observed from outside: its metrics row and its gradient.
+
+The exact-gradient benchmark (aisrl.bench.estimator) knows the true policy gradient but lives on a toy policy.
+Questions about the lab model itself (which tokens set the direction of a correction's gradient, how far its
+expectation is from the full-precision gradient) are answered by training single steps of `aisrl.trainer.train` and
+reading what they computed. At the first step after a start (the warm start, or a checkpoint) the PPO ratio is 1,
+the policy gradient is linear in the per-token correction weights, and two runs that differ only in the correction
+sample the same batch. Held-out evaluations are skipped and gradient clipping is off, so the gradient returned is
+the raw batch gradient of the configured loss.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import aisrl.trainer as trainer
+from aisrl.branch import _start
+from aisrl.compare import run_rows
+from aisrl.train_config import load_config
+
+Hook = Callable[..., object]  # (name, old_logp, rollout_logp, mask, result) -> the correction result to train on
+
+
+def one_step(base: str, overrides: list[str], *, start: tuple[str | Path, int] | None = None,
+             hook: Hook | None = None) -> tuple[dict, torch.Tensor]:  # fmt: skip
+    """(metrics row, flat gradient) of one training step.
+
+    base: a preset name or a run's config.json; overrides: dotted `key=value` settings on top of it.
+    start: (run folder, step) to start from that run's checkpoint instead of the initial weights; the step trained
+    is then step + 1, with the run's own prompts for it (its sampling seeds move with `sample_salt`).
+    hook: called with each correction's inputs and result; what it returns is trained on (to split a gradient).
+    """
+    correct, update, evaluate = trainer.correct, trainer._update, trainer.evaluate
+    grads: list[torch.Tensor] = []
+
+    def hooked(name, old_logp, rollout_logp, mask, **kw):
+        res = correct(name, old_logp, rollout_logp, mask, **kw)
+        return res if hook is None else hook(name, old_logp, rollout_logp, mask, res)
+
+    def capture(cfg, model, *args, **kw):
+        out = update(cfg, model, *args, **kw)
+        params = [p for p in model.parameters() if p.requires_grad]
+        grads.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+                     .detach().float().cpu())  # fmt: skip
+        return out
+
+    trainer.correct, trainer._update, trainer.evaluate = hooked, capture, lambda *a, **k: 0.0
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            run = Path(tmp) / "run"
+            step = 1
+            if start is not None:
+                src, at = Path(start[0]), int(start[1])
+                _start(src, at, run)
+                step = at + 1
+            cfg = load_config(base, [*overrides, f"max_steps={step}", "grad_clip=0", f"output_dir={run}"])
+            trainer.train(cfg, log=lambda _: None)
+            (row,) = [r for r in run_rows(run) if r["step"] == step]
+    finally:
+        trainer.correct, trainer._update, trainer.evaluate = correct, update, evaluate
+    return row, grads[-1]
+
+
+def recorded_config(run: str | Path) -> str:
+    """The config.json a run recorded, as a `base` for one_step (raises if the run has none)."""
+    path = Path(run) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{run} has no config.json; pass a run folder written by `aisrl train` or `aisrl compare`")
+    json.loads(path.read_text())  # a readable record, or a clear JSON error here
+    return str(path)

@@ -1,0 +1,183 @@
+"""Bias and noise of each correction's gradient on the lab model itself (issue 5; docs/ais.md section 5).
+
+    OMP_NUM_THREADS=2 python benchmarks/gradient_bias.py [preset=lab_columns] [quant=mxfp4_w4a4] [seed=0]
+        [salts=16] [methods=none,tis,prefix_tis,seq_tis] [start=RUN:STEP] [horizons=1,10,100]
+
+A method is a correction name, optionally with options: `tis:cap=100+floor=0.1` sets correction.cap and .floor.
+
+The exact-gradient benchmark (section 4 of docs/ais.md) splits each estimator's error into bias and noise on a toy
+policy. This script does the same on the trained lab model, where the true gradient is unknown but can be
+estimated: it is the expectation of the gradient computed from full-precision rollouts with no correction.
+
+For every salt k (other sampling seeds, same prompts: the step's prompt batch is fixed by `seed`), it trains one step
+(aisrl.bench.one_step) from the same weights with full-precision rollouts (the reference, g_ref) and with rollouts in
+`quant` under each method (g_m), and keeps the gradients. A reference run and a method's run of one salt use the same
+sampling seeds, so their difference d_m = g_m - g_ref is much less noisy than either. Over K salts, with vectors in
+units of the true gradient's squared norm |g|^2 (estimated by |mean g_ref|^2 - var_ref / K):
+- bias2[m] = |mean d_m|^2 - tr Cov(d_m) / K: the squared distance between E[g_m] and g, unbiased;
+- var[m] = tr Cov(g_m): the noise of one batch's gradient;
+- err@h[m] = bias2[m] + var[m] / h: the error of a direction followed for h steps, where a bias adds up and noise
+  averages out (section 4); the reference's is var[ref] / h;
+- cos[m], norm_ratio[m]: the cosine between E[g_m] and g, and |E[g_m]| / |g|;
+- scaled_err@h[m] = min_c E|c gbar_h - g|^2 / |g|^2, gbar_h the mean of h batch gradients: the error left once a
+  common scale is undone, as Adam's normalisation largely does; a method that only shrinks the gradient loses nothing
+  here, one that turns it does. The reference's is (var / h) / (1 + var / h);
+- on the segment g(alpha) = (1 - alpha) g_none + alpha g_tis (AIS with a pinned alpha; exact at this step, where the
+  gradient is linear in the weights and both runs train on the same samples), the alpha minimising each error.
+Every figure is a quadratic form in the gradients, so only their inner products are kept (class Gram); `<key>_se` is
+its jackknife standard error over the salts.
+`start=RUN:STEP` measures at a checkpoint of a run (e.g. late in a full-precision run) instead of the warm start.
+Writes benchmarks/results/gradient_bias_<preset>_<quant>[_<run>_<step>].json and its section of BENCHMARKS.md.
+"""
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from aisrl.bench.one_step import one_step, recorded_config
+from aisrl.bench.report import machine, update_section, write_json
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Gram:
+    """Inner products of K per-salt gradients of several estimators: every figure here is a quadratic form in them,
+    so linear combinations (the none-TIS segment) cost no further gradients."""
+
+    def __init__(self, vecs: dict[str, torch.Tensor]):
+        names = list(vecs)
+        flat = torch.cat([vecs[n] for n in names]).double()  # (len(names) K, P)
+        self.K = vecs[names[0]].shape[0]
+        self.index = {n: i for i, n in enumerate(names)}
+        self.G = flat @ flat.T  # (len(names) K, len(names) K)
+
+    def drop(self, i: int) -> "Gram":
+        """The same products without salt i (for the jackknife)."""
+        out = object.__new__(Gram)
+        out.K, out.index = self.K - 1, self.index
+        keep = torch.tensor([j for j in range(self.G.shape[0]) if j % self.K != i])
+        out.G = self.G[keep][:, keep]
+        return out
+
+    def stats(self, x: dict[str, float], y: dict[str, float]) -> tuple[float, float]:
+        """(<mean x, mean y>, tr Cov(x, y)) for the per-salt vectors x(i) = sum_n x[n] g_n(i) and y(i) alike; the
+        covariance is unbiased."""
+        K = self.K
+        rows = {n: slice(i * K, (i + 1) * K) for n, i in self.index.items()}
+        M = sum(cx * cy * self.G[rows[a], rows[b]] for a, cx in x.items() for b, cy in y.items())  # (K, K) <x(i), y(j)>
+        dot_means = M.mean().item()
+        return dot_means, (M.diagonal().sum().item() - K * dot_means) / (K - 1)
+
+
+def figures(gram: Gram, m: dict[str, float], horizons: list[int]) -> dict:
+    """Bias, noise and errors of the estimator m (a combination of the measured ones) against the reference."""
+    K, ref = gram.K, {"ref": 1.0}
+    d = {**m, "ref": m.get("ref", 0.0) - 1.0}  # d = g_m - g_ref, paired by salt
+    rr, var_ref = gram.stats(ref, ref)
+    g2 = rr - var_ref / K  # |g|^2, unbiased: the unit of every figure
+    dd, var_d = gram.stats(d, d)
+    mm, var_m = gram.stats(m, m)
+    mr, cov_mr = gram.stats(m, ref)
+    bias2 = (dd - var_d / K) / g2
+    m2, mg = mm - var_m / K, mr - cov_mr / K  # |E g_m|^2 and <E g_m, g>, unbiased
+    out = {"bias2": bias2, "var": var_m / g2, "cos": mg / max(m2 * g2, 1e-300) ** 0.5, "norm_ratio": (m2 / g2) ** 0.5}
+    for h in horizons:
+        out[f"err@{h}"] = bias2 + var_m / g2 / h
+        # Adam undoes a common scale: the error of the best multiple c of the h-step mean, min_c E|c gbar - g|^2
+        out[f"scaled_err@{h}"] = 1 - mg**2 / (g2 * (m2 + var_m / h))
+    return out
+
+
+def measure(g_ref: torch.Tensor, g: dict[str, torch.Tensor], horizons: list[int]) -> dict:
+    """The table of the module docstring from the stacked per-salt gradients (K, P) of the reference and methods."""
+    gram = Gram({"ref": g_ref, **g})
+    rr, var_ref = gram.stats({"ref": 1.0}, {"ref": 1.0})
+    out = {"true_grad_norm2": rr - var_ref / gram.K, "ref": figures(gram, {"ref": 1.0}, horizons)}
+    out.update({name: figures(gram, {name: 1.0}, horizons) for name in g})
+    dropped = [gram.drop(i) for i in range(gram.K)]
+    for name in g:  # jackknife standard errors over salts
+        loo = [figures(d, {name: 1.0}, horizons) for d in dropped]
+        for key in list(out[name]):
+            vals = torch.tensor([r[key] for r in loo], dtype=torch.float64)
+            out[name][f"{key}_se"] = ((gram.K - 1) / gram.K * ((vals - vals.mean()) ** 2).sum()).sqrt().item()
+    if "none" in g and "tis" in g:  # AIS with a pinned alpha: (1 - alpha) g_none + alpha g_tis, exactly
+        seg = {a / 100: figures(gram, {"none": 1 - a / 100, "tis": a / 100}, horizons) for a in range(101)}
+        out["segment"] = {}
+        for key in [f"{k}@{h}" for k in ("err", "scaled_err") for h in horizons]:
+            best = min(seg, key=lambda a: seg[a][key])
+            out["segment"][f"alpha*_{key}"], out["segment"][f"best_{key}"] = best, seg[best][key]
+            out["segment"][f"{key}_alpha0.5"] = seg[0.5][key]
+    return out
+
+
+def _pm(r: dict, key: str) -> str:
+    return f"{r[key]:.3g}" + (f" ± {r[key + '_se']:.2g}" if key + "_se" in r else "")
+
+
+def section(out: dict) -> str:
+    """BENCHMARKS.md block of one measurement: command, machine and a row per method."""
+    res, m = out["results"], out["machine"]
+    lines = [f"Command: `{out['command']}` ({out['seconds']:.0f} s; {m['cpu']}, {m['cpus']} CPUs, torch {m['torch']}). "
+             f"State: {out['start']}; rollouts {out['quant']}; {out['salts']} salts of seed {out['seed']}'s prompts. "
+             "Units: |g|^2, the true gradient's squared norm; ± is the jackknife standard error over salts.", "",
+             "| method | cos(E g_m, g) | bias^2 | noise per batch | err@10 | mean k3 KL | ESS/N | alpha |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, r in res.items():
+        if name in ("true_grad_norm2", "segment"):
+            continue
+        extra = " | ".join(f"{r[k]:.3g}" if k in r else "-" for k in ("k3_kl", "ess", "alpha"))
+        label = "full precision (reference)" if name == "ref" else f"`{name}`"
+        cells = " | ".join(_pm(r, k) for k in ("cos", "bias2", "var", "err@10"))
+        lines.append(f"| {label} | {cells} | {extra} |")
+    if "segment" in res:
+        seg = res["segment"]
+        lines.append(f"\nOn the none-TIS segment the alpha with the least err@10 is {seg['alpha*_err@10']:.2f} (err@10 "
+                     f"{seg['best_err@10']:.3g}); alpha 0.5 gives {seg['err@10_alpha0.5']:.3g}.")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(preset: str, quant: str, seed: int, salts: int, methods: list[str], start: str, horizons: list[int]) -> dict:
+    base, at = preset, None
+    if start:
+        run, step = start.rsplit(":", 1)
+        base, at = recorded_config(run), (run, int(step))
+    common = [f"seed={seed}", "eval_every=1000000"]
+    g_ref, g, rows = [], {m: [] for m in methods}, {m: [] for m in methods}
+    t0 = time.perf_counter()
+    for k in range(salts):
+        _, gr = one_step(base, [*common, f"sample_salt={k}", "rollout.quant=none", "correction.name=none"], start=at)
+        g_ref.append(gr)
+        for m in methods:
+            name, _, opts = m.partition(":")  # e.g. tis:cap=100 -> correction.name=tis correction.cap=100
+            extra = [f"correction.{o}" for o in opts.split("+") if o]
+            row, gm = one_step(base, [*common, f"sample_salt={k}", f"rollout.quant={quant}", f"correction.name={name}",
+                                      *extra], start=at)  # fmt: skip
+            g[m].append(gm)
+            rows[m].append(row)
+        print(f"salt {k}: {time.perf_counter() - t0:.0f} s", flush=True)
+    res = measure(torch.stack(g_ref), {m: torch.stack(v) for m, v in g.items()}, horizons)
+    for m in methods:  # the batch statistics the runs logged, averaged over salts
+        for key in ("k3_kl", "ess", "alpha"):
+            vals = [r[key] for r in rows[m] if r.get(key) is not None]
+            if vals:
+                res[m][key] = statistics.fmean(vals)
+    for name, r in res.items():
+        if isinstance(r, dict):
+            print(f"{name:>10}: " + "  ".join(f"{k} {v:.4g}" for k, v in r.items()))
+    tag = "" if not start else "_" + "_".join(Path(start.rsplit(":", 1)[0]).parts[-3:]) + f"_{at[1]}"
+    out = {"preset": preset, "quant": quant, "seed": seed, "salts": salts, "start": start or "warm start",
+           "results": res, "seconds": time.perf_counter() - t0, "machine": machine(),
+           "command": "python benchmarks/gradient_bias.py " + " ".join(sys.argv[1:])}  # fmt: skip
+    write_json(ROOT / "benchmarks" / "results" / f"gradient_bias_{preset}_{quant}{tag}.json", out)
+    update_section(ROOT / "BENCHMARKS.md", f"gradient_bias_{preset}_{quant}{tag}", section(out))
+    return out
+
+
+if __name__ == "__main__":
+    kw = dict(a.split("=", 1) for a in sys.argv[1:])
+    main(kw.get("preset", "lab_columns"), kw.get("quant", "mxfp4_w4a4"), int(kw.get("seed", 0)),
+         int(kw.get("salts", 16)), kw.get("methods", "none,tis,prefix_tis,seq_tis").split(","), kw.get("start", ""),
+         [int(h) for h in kw.get("horizons", "1,10,100").split(",")])  # fmt: skip

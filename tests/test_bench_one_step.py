@@ -1,0 +1,93 @@
+"""One training step observed from outside (aisrl.bench.one_step), and the bias/noise split built on it
+(benchmarks/gradient_bias.py)."""
+
+import json
+
+import pytest
+import torch
+from conftest import TINY_LAB, load_benchmark
+
+from aisrl.bench.one_step import one_step, recorded_config
+from aisrl.train_config import load_config
+from aisrl.trainer import train
+
+FP8 = [*TINY_LAB, "rollout.quant=fp8_e4m3_w8a8", "lab.hidden=64"]
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
+    # a reward that varies with the completion, so advantages are not all zero and gradients are not either
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+
+
+def test_the_gradient_is_linear_in_the_weights_so_a_pinned_alpha_lies_on_the_segment():
+    _, g_none = one_step("lab", [*FP8, "correction.name=none"])
+    _, g_tis = one_step("lab", [*FP8, "correction.name=tis"])
+    row, g_half = one_step("lab", [*FP8, "correction.name=ais", "correction.alpha=0.5"])
+    assert row["step"] == 1 and row["k3_kl"] > 0  # a real mismatch, so the two ends differ
+    assert (g_none - g_tis).norm() > 1e-3 * g_none.norm()
+    torch.testing.assert_close(g_half, 0.5 * (g_none + g_tis), rtol=1e-4, atol=1e-6)
+
+
+def test_a_hook_changes_what_is_trained_on_and_the_originals_come_back():
+    import aisrl.trainer as trainer
+
+    before = trainer.correct, trainer._update, trainer.evaluate
+    seen = []
+
+    def zero(name, old_logp, rollout_logp, mask, res):
+        seen.append(name)
+        return res._replace(weights=torch.zeros_like(res.weights))
+
+    _, g = one_step("lab", [*FP8, "correction.name=tis"], hook=zero)
+    assert seen == ["tis"] and g.abs().max() == 0  # weights 0 on every token: nothing to learn from
+    assert (trainer.correct, trainer._update, trainer.evaluate) == before
+
+
+def test_from_a_checkpoint_it_reproduces_the_runs_next_step(tmp_path):
+    out = tmp_path / "run"
+    train(load_config("lab", [*FP8, "max_steps=3", "checkpoint_every=2", "grad_clip=100", f"output_dir={out}"]),
+          log=lambda _: None)  # fmt: skip
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][2]
+    assert logged["step"] == 3
+    row, g = one_step(recorded_config(out), [], start=(out, 2))  # salt 0: the run's own samples for step 3
+    assert row["step"] == 3 and row["reward"] == logged["reward"]
+    assert g.norm().item() == pytest.approx(logged["grad_norm"], rel=1e-4)  # the run's norm before clipping
+    with pytest.raises(ValueError, match="no config.json"):
+        recorded_config(tmp_path)
+
+
+def test_bias_noise_split_and_best_alpha_match_their_closed_forms():
+    gb = load_benchmark("gradient_bias")
+    gen = torch.Generator().manual_seed(0)
+    K, P = 400, 500
+    g = torch.randn(P, generator=gen)
+    g *= 1 / g.norm()  # |g|^2 = 1: every figure is in these units
+    b = torch.randn(P, generator=gen)
+    b *= 0.8 / b.norm()  # |b|^2 = 0.64
+
+    def noise(var):  # rows with E|e|^2 = var
+        return torch.randn(K, P, generator=gen) * (var / P) ** 0.5
+
+    g_ref = g + noise(0.5)
+    g_none = g + b + noise(0.2)  # biased, quieter
+    g_tis = g + noise(1.0)  # unbiased, noisier; independent of g_none
+    res = gb.measure(g_ref, {"none": g_none, "tis": g_tis}, [1, 10])
+    assert res["true_grad_norm2"] == pytest.approx(1.0, abs=0.02)
+    assert res["ref"]["var"] == pytest.approx(0.5, rel=0.05)
+    assert res["none"]["bias2"] == pytest.approx(0.64, abs=0.03)
+    assert 0 < res["none"]["bias2_se"] < 0.03 and abs(res["none"]["bias2"] - 0.64) < 4 * res["none"]["bias2_se"]
+    assert res["none"]["var"] == pytest.approx(0.2, rel=0.05)
+    assert res["tis"]["bias2"] == pytest.approx(0.0, abs=0.03)
+    assert res["tis"]["err@10"] == pytest.approx(0.1, abs=0.03)
+    m = g + b  # E[g_none]
+    assert res["none"]["cos"] == pytest.approx((m @ g / m.norm()).item(), abs=0.01)
+    assert res["none"]["norm_ratio"] == pytest.approx(m.norm().item(), abs=0.01)
+    # best multiple of the h-step mean: 1 - <m, g>^2 / (|m|^2 + var / h), with |g| = 1
+    assert res["none"]["scaled_err@10"] == pytest.approx(1 - (m @ g).item() ** 2 / (m @ m + 0.02).item(), abs=0.01)
+    assert res["ref"]["scaled_err@1"] == pytest.approx(0.5 / 1.5, abs=0.02)
+    # err@h(alpha) = (1 - alpha)^2 (|b|^2 + v_none / h) + alpha^2 v_tis / h, so alpha* = A / (A + v_tis / h)
+    for h in (1, 10):
+        a = 0.64 + 0.2 / h
+        assert res["segment"][f"alpha*_err@{h}"] == pytest.approx(a / (a + 1.0 / h), abs=0.03)
