@@ -33,6 +33,7 @@ Writes benchmarks/results/gradient_bias_<preset>_<quant>[_<run>_<step>].json and
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,24 +44,24 @@ from aisrl.bench.report import machine, update_section, write_json
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@dataclass
 class Gram:
     """Inner products of K per-salt gradients of several estimators: every figure here is a quadratic form in them,
     so linear combinations (the none-TIS segment) cost no further gradients."""
 
-    def __init__(self, vecs: dict[str, torch.Tensor]):
-        names = list(vecs)
-        flat = torch.cat([vecs[n] for n in names]).double()  # (len(names) K, P)
-        self.K = vecs[names[0]].shape[0]
-        self.index = {n: i for i, n in enumerate(names)}
-        self.G = flat @ flat.T  # (len(names) K, len(names) K)
+    G: torch.Tensor  # (len(index) K, len(index) K): block (a, b) holds <g_a(i), g_b(j)>
+    K: int
+    index: dict[str, int]
+
+    @classmethod
+    def of(cls, vecs: dict[str, torch.Tensor]) -> "Gram":
+        flat = torch.cat(list(vecs.values())).double()  # (len(vecs) K, P)
+        return cls(flat @ flat.T, next(iter(vecs.values())).shape[0], {n: i for i, n in enumerate(vecs)})
 
     def drop(self, i: int) -> "Gram":
         """The same products without salt i (for the jackknife)."""
-        out = object.__new__(Gram)
-        out.K, out.index = self.K - 1, self.index
         keep = torch.tensor([j for j in range(self.G.shape[0]) if j % self.K != i])
-        out.G = self.G[keep][:, keep]
-        return out
+        return Gram(self.G[keep][:, keep], self.K - 1, self.index)
 
     def stats(self, x: dict[str, float], y: dict[str, float]) -> tuple[float, float]:
         """(<mean x, mean y>, tr Cov(x, y)) for the per-salt vectors x(i) = sum_n x[n] g_n(i) and y(i) alike; the
@@ -93,7 +94,7 @@ def figures(gram: Gram, m: dict[str, float], horizons: list[int]) -> dict:
 
 def measure(g_ref: torch.Tensor, g: dict[str, torch.Tensor], horizons: list[int]) -> dict:
     """The table of the module docstring from the stacked per-salt gradients (K, P) of the reference and methods."""
-    gram = Gram({"ref": g_ref, **g})
+    gram = Gram.of({"ref": g_ref, **g})
     rr, var_ref = gram.stats({"ref": 1.0}, {"ref": 1.0})
     out = {"true_grad_norm2": rr - var_ref / gram.K, "ref": figures(gram, {"ref": 1.0}, horizons)}
     out.update({name: figures(gram, {name: 1.0}, horizons) for name in g})
@@ -144,7 +145,7 @@ def main(preset: str, quant: str, seed: int, salts: int, methods: list[str], sta
     if start:
         run, step = start.rsplit(":", 1)
         base, at = recorded_config(run), (run, int(step))
-    common = [f"seed={seed}", "eval_every=1000000"]
+    common = [f"seed={seed}"]
     g_ref, g, rows = [], {m: [] for m in methods}, {m: [] for m in methods}
     t0 = time.perf_counter()
     for k in range(salts):
