@@ -1,6 +1,6 @@
 """Bias and noise of each correction's gradient on the lab model itself (issue 5; docs/ais.md section 5).
 
-    OMP_NUM_THREADS=2 python benchmarks/gradient_bias.py [preset=lab_columns] [quant=mxfp4_w4a4] [seed=0]
+    OMP_NUM_THREADS=2 python benchmarks/gradient_bias.py [preset=lab_columns] [quant=mxfp4_w4a4] [seed=S]
         [salts=16] [methods=none,tis,prefix_tis,seq_tis] [start=RUN:STEP] [horizons=1,10,100]
 
 A method is a correction name, optionally with options: `tis:cap=100+floor=0.1` sets correction.cap and .floor.
@@ -9,7 +9,8 @@ The exact-gradient benchmark (section 4 of docs/ais.md) splits each estimator's 
 policy. This script does the same on the trained lab model, where the true gradient is unknown but can be
 estimated: it is the expectation of the gradient computed from full-precision rollouts with no correction.
 
-For every salt k (other sampling seeds, same prompts: the step's prompt batch is fixed by `seed`), it trains one step
+For every salt k (other sampling seeds, same prompts: the step's prompt batch is fixed by `seed`, by default 0 at the
+warm start and the run's own seed from a checkpoint), it trains one step
 (aisrl.bench.one_step) from the same weights with full-precision rollouts (the reference, g_ref) and with rollouts in
 `quant` under each method (g_m), and keeps the gradients. A reference run and a method's run of one salt use the same
 sampling seeds, so their difference d_m = g_m - g_ref is much less noisy than either. Over K salts, with vectors in
@@ -30,6 +31,7 @@ its jackknife standard error over the salts.
 Writes benchmarks/results/gradient_bias_<preset>_<quant>[_<run>_<step>].json and its section of BENCHMARKS.md.
 """
 
+import json
 import statistics
 import sys
 import time
@@ -140,11 +142,14 @@ def section(out: dict) -> str:
     return "\n".join(lines)
 
 
-def main(preset: str, quant: str, seed: int, salts: int, methods: list[str], start: str, horizons: list[int]) -> dict:
+def main(preset: str, quant: str, seed: int | None, salts: int, methods: list[str], start: str,
+         horizons: list[int]) -> dict:  # fmt: skip
     base, at = preset, None
     if start:
         run, step = start.rsplit(":", 1)
         base, at = recorded_config(run), (run, int(step))
+    if seed is None:  # the run's own training pool and prompts, or seed 0's at the warm start
+        seed = json.loads(Path(base).read_text())["seed"] if start else 0
     common = [f"seed={seed}"]
     g_ref, g, rows = [], {m: [] for m in methods}, {m: [] for m in methods}
     t0 = time.perf_counter()
@@ -168,7 +173,9 @@ def main(preset: str, quant: str, seed: int, salts: int, methods: list[str], sta
     for name, r in res.items():
         if isinstance(r, dict):
             print(f"{name:>10}: " + "  ".join(f"{k} {v:.4g}" for k, v in r.items()))
-    tag = "" if not start else "_" + "_".join(Path(start.rsplit(":", 1)[0]).parts[-3:]) + f"_{at[1]}"
+    tag = f"_seed{seed}" if seed else ""  # seed 0 at the warm start keeps the first results' name
+    if start:
+        tag = "_" + "_".join(Path(start.rsplit(":", 1)[0]).parts[-3:]) + f"_{at[1]}"
     out = {"preset": preset, "quant": quant, "seed": seed, "salts": salts, "start": start or "warm start",
            "results": res, "seconds": time.perf_counter() - t0, "machine": machine(),
            "command": "python benchmarks/gradient_bias.py " + " ".join(sys.argv[1:])}  # fmt: skip
@@ -179,6 +186,6 @@ def main(preset: str, quant: str, seed: int, salts: int, methods: list[str], sta
 
 if __name__ == "__main__":
     kw = dict(a.split("=", 1) for a in sys.argv[1:])
-    main(kw.get("preset", "lab_columns"), kw.get("quant", "mxfp4_w4a4"), int(kw.get("seed", 0)),
+    main(kw.get("preset", "lab_columns"), kw.get("quant", "mxfp4_w4a4"), int(kw["seed"]) if "seed" in kw else None,
          int(kw.get("salts", 16)), kw.get("methods", "none,tis,prefix_tis,seq_tis").split(","), kw.get("start", ""),
          [int(h) for h in kw.get("horizons", "1,10,100").split(",")])  # fmt: skip
