@@ -48,8 +48,8 @@ class BranchConfig:
     out: str = ""
     """Folder of the branches; default RUN/branches/step<step>, followed by the training overrides if any."""
     preset: str = ""
-    """Only for a run without config.json (trained before runs recorded their config): the preset it was trained
-    from. Pass the overrides it was trained with as well."""
+    """Only for a run without config.json (trained before runs recorded their config), or whose config.json names
+    keys this version no longer has: the preset it was trained from. Pass the overrides it was trained with too."""
     jobs: int = 1
     """Branches at a time: 1 = in this process; N > 1 = N `aisrl train` subprocesses sharing the cores."""
     fall: float = 0.08
@@ -65,6 +65,31 @@ def _out(cfg: BranchConfig) -> Path:
         return Path(cfg.out)
     tag = "".join(f"_{o.replace('/', '-')}" for o in cfg.train)
     return Path(cfg.run) / "branches" / f"step{cfg.step}{tag}"
+
+
+def recorded_base(run: Path, preset: str = "") -> str:
+    """What a branch's settings start from: the run's recorded config.json, or `preset` where the run has none or
+    recorded keys this version of aisrl no longer knows."""
+    from aisrl.train_config import load_config
+
+    recorded = run / "config.json"
+    if not recorded.is_file():
+        if not preset:
+            raise ValueError(f"{run} has no config.json (it was trained before runs recorded their settings); pass "
+                             "preset=NAME and the overrides it was trained with")  # fmt: skip
+        return preset
+    try:
+        load_config(str(recorded), [])
+    except ValueError as e:
+        if not preset:
+            raise ValueError(f"{recorded} was written by another version of aisrl and no longer loads ({e}); pass "
+                             "preset=NAME and the overrides the run was trained with (its config.json shows them) "
+                             "to branch from it") from e  # fmt: skip
+        return preset
+    if preset:
+        raise ValueError(f"{run} records its config; drop preset={preset!r} (a branch starts from the recorded "
+                         "settings; change them with key=value)")  # fmt: skip
+    return str(recorded)
 
 
 def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
@@ -86,14 +111,7 @@ def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
     for key in ("sample_salt", "output_dir"):
         if any(o.split("=", 1)[0] == key for o in cfg.train):
             raise ValueError(f"{key} is set per branch; use salts=[...] and out=... instead of {key}=...")
-    recorded = run / "config.json"
-    if recorded.is_file() and cfg.preset:
-        raise ValueError(f"{run} records its config; drop preset={cfg.preset!r} (a branch starts from the recorded "
-                         "settings; change them with key=value)")  # fmt: skip
-    if not recorded.is_file() and not cfg.preset:
-        raise ValueError(f"{run} has no config.json (it was trained before runs recorded their settings); pass "
-                         "preset=NAME and the overrides it was trained with")  # fmt: skip
-    base = str(recorded) if recorded.is_file() else cfg.preset
+    base = recorded_base(run, cfg.preset)
     out = []
     for salt in cfg.salts:
         args = [base, *cfg.train, f"sample_salt={salt}", f"output_dir={_out(cfg) / f'salt{salt}'}"]

@@ -40,8 +40,9 @@ from pathlib import Path
 
 import torch
 
-from aisrl.bench.one_step import one_step, recorded_config
+from aisrl.bench.one_step import one_step
 from aisrl.bench.report import machine, update_section, write_json
+from aisrl.branch import recorded_base
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,14 +143,18 @@ def section(out: dict) -> str:
     return "\n".join(lines)
 
 
-def main(preset: str, quant: str, seed: int | None, salts: int, methods: list[str], start: str,
+def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: list[str], start: str,
          horizons: list[int]) -> dict:  # fmt: skip
-    base, at = preset, None
+    """preset: the warm start's (default lab_columns); with `start`, only for a run whose config.json does not load."""
+    if salts < 3:  # a variance needs two draws, and its jackknife one more
+        raise ValueError(f"salts={salts}: need at least 3 (32 give standard errors of a useful size)")
+    preset_name = preset or "lab_columns"  # names the results; the warm start's preset
+    base, at = preset_name, None
     if start:
         run, step = start.rsplit(":", 1)
-        base, at = recorded_config(run), (run, int(step))
+        base, at = recorded_base(Path(run), preset or ""), (run, int(step))
     if seed is None:  # the run's own training pool and prompts, or seed 0's at the warm start
-        seed = json.loads(Path(base).read_text())["seed"] if start else 0
+        seed = json.loads(Path(base).read_text())["seed"] if base.endswith(".json") else 0
     common = [f"seed={seed}"]
     g_ref, g, rows = [], {m: [] for m in methods}, {m: [] for m in methods}
     t0 = time.perf_counter()
@@ -176,16 +181,16 @@ def main(preset: str, quant: str, seed: int | None, salts: int, methods: list[st
     tag = f"_seed{seed}" if seed else ""  # seed 0 at the warm start keeps the first results' name
     if start:
         tag = "_" + "_".join(Path(start.rsplit(":", 1)[0]).parts[-3:]) + f"_{at[1]}"
-    out = {"preset": preset, "quant": quant, "seed": seed, "salts": salts, "start": start or "warm start",
+    out = {"preset": preset_name, "quant": quant, "seed": seed, "salts": salts, "start": start or "warm start",
            "results": res, "seconds": time.perf_counter() - t0, "machine": machine(),
            "command": "python benchmarks/gradient_bias.py " + " ".join(sys.argv[1:])}  # fmt: skip
-    write_json(ROOT / "benchmarks" / "results" / f"gradient_bias_{preset}_{quant}{tag}.json", out)
-    update_section(ROOT / "BENCHMARKS.md", f"gradient_bias_{preset}_{quant}{tag}", section(out))
+    write_json(ROOT / "benchmarks" / "results" / f"gradient_bias_{preset_name}_{quant}{tag}.json", out)
+    update_section(ROOT / "BENCHMARKS.md", f"gradient_bias_{preset_name}_{quant}{tag}", section(out))
     return out
 
 
 if __name__ == "__main__":
     kw = dict(a.split("=", 1) for a in sys.argv[1:])
-    main(kw.get("preset", "lab_columns"), kw.get("quant", "mxfp4_w4a4"), int(kw["seed"]) if "seed" in kw else None,
+    main(kw.get("preset"), kw.get("quant", "mxfp4_w4a4"), int(kw["seed"]) if "seed" in kw else None,
          int(kw.get("salts", 16)), kw.get("methods", "none,tis,prefix_tis,seq_tis").split(","), kw.get("start", ""),
          [int(h) for h in kw.get("horizons", "1,10,100").split(",")])  # fmt: skip

@@ -7,7 +7,8 @@ import pytest
 import torch
 from conftest import TINY_LAB, load_benchmark
 
-from aisrl.bench.one_step import one_step, recorded_config
+from aisrl.bench.one_step import one_step
+from aisrl.branch import recorded_base
 from aisrl.train_config import load_config
 from aisrl.trainer import train
 
@@ -51,11 +52,11 @@ def test_from_a_checkpoint_it_reproduces_the_runs_next_step(tmp_path):
           log=lambda _: None)  # fmt: skip
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][2]
     assert logged["step"] == 3
-    row, g = one_step(recorded_config(out), [], start=(out, 2))  # salt 0: the run's own samples for step 3
+    row, g = one_step(recorded_base(out), [], start=(out, 2))  # salt 0: the run's own samples for step 3
     assert row["step"] == 3 and row["reward"] == logged["reward"]
     assert g.norm().item() == pytest.approx(logged["grad_norm"], rel=1e-4)  # the run's norm before clipping
     with pytest.raises(ValueError, match="no config.json"):
-        recorded_config(tmp_path)
+        recorded_base(tmp_path)
 
 
 def test_bias_noise_split_and_best_alpha_match_their_closed_forms():

@@ -11,7 +11,6 @@ the raw batch gradient of the configured loss.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +29,8 @@ def one_step(base: str, overrides: list[str], *, start: tuple[str | Path, int] |
              hook: Hook | None = None) -> tuple[dict, torch.Tensor]:  # fmt: skip
     """(metrics row, flat gradient) of one training step.
 
-    base: a preset name or a run's config.json; overrides: dotted `key=value` settings on top of it.
+    base: a preset name or a run's config.json (aisrl.branch.recorded_base finds it); overrides: dotted
+    `key=value` settings on top of it.
     start: (run folder, step) to start from that run's checkpoint instead of the initial weights; the step trained
     is then step + 1, with the run's own prompts for it (its sampling seeds move with `sample_salt`).
     hook: called with each correction's inputs and result; what it returns is trained on (to split a gradient).
@@ -64,12 +64,3 @@ def one_step(base: str, overrides: list[str], *, start: tuple[str | Path, int] |
     finally:
         trainer.correct, trainer._update, trainer.evaluate = correct, update, evaluate
     return row, grads[-1]
-
-
-def recorded_config(run: str | Path) -> str:
-    """The config.json a run recorded, as a `base` for one_step (raises if the run has none)."""
-    path = Path(run) / "config.json"
-    if not path.is_file():
-        raise ValueError(f"{run} has no config.json; pass a run folder written by `aisrl train` or `aisrl compare`")
-    json.loads(path.read_text())  # a readable record, or a clear JSON error here
-    return str(path)
