@@ -124,7 +124,7 @@ def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
     return out
 
 
-def _start(run: Path, step: int, dst: Path) -> None:
+def start_from_checkpoint(run: Path, step: int, dst: Path) -> None:
     """Make `dst` a run folder resuming at `step` of `run`: that checkpoint and the metrics up to it."""
     if (dst / "checkpoints" / "latest").is_file():
         return  # started before: the trainer resumes it (or says it is done)
@@ -168,7 +168,7 @@ def run_branches(cfg: BranchConfig, log=print) -> dict:
         log(f"branch: {cfg.run} did not evaluate at step {cfg.step}, so no change of held-out accuracy is reported; "
             "branch from a step it evaluated at to get one")  # fmt: skip
     for _, tc, _ in plans:
-        _start(Path(cfg.run), cfg.step, Path(tc.output_dir))
+        start_from_checkpoint(Path(cfg.run), cfg.step, Path(tc.output_dir))
     if cfg.jobs == 1:
         for salt, tc, _ in plans:
             log(f"branch: salt {salt} in {tc.output_dir}")

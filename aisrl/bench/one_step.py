@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 import aisrl.trainer as trainer
-from aisrl.branch import _start
+from aisrl.branch import start_from_checkpoint
 from aisrl.compare import run_rows
 from aisrl.train_config import load_config
 
@@ -56,7 +56,7 @@ def one_step(base: str, overrides: list[str], *, start: tuple[str | Path, int] |
             step = 1
             if start is not None:
                 src, at = Path(start[0]), int(start[1])
-                _start(src, at, run)
+                start_from_checkpoint(src, at, run)
                 step = at + 1
             cfg = load_config(base, [*overrides, f"max_steps={step}", "grad_clip=0", f"output_dir={run}"])
             trainer.train(cfg, log=lambda _: None)
