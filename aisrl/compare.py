@@ -43,17 +43,21 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from aisrl.report import TIMES
+
 REFERENCE = "reference"
 RECIPES = {
     "qarl": ["rollout.align=true", "loss=tbpo", "correction.name=none", "correction.mask_errors=true"],
+    "calibrated": ["correction.calibrate_every=1"],
     "solrl": ["rollout.pool=16", "correction.name=none"],
 }
 """Methods that are more than a correction: training overrides (QaRL alignment + TBPO + error-token masking;
-Sol-RL: 16 low-precision candidates per prompt, the extremes kept and trained on-policy)."""
+Sol-RL: 16 low-precision candidates per prompt, the extremes kept and trained on-policy; calibrated: the
+importance-weighting end point chosen at every step by its distance to a full-precision batch's gradient over the
+last 8 steps, aisrl.calibrate; an experiment, since it samples every batch at full precision too)."""
 DIAGNOSTICS = ("weight_reliability", "divergence_severity", "variance_amplification")
 FINALS = ("policy_reward", "sampler_reward", "held_reward", "held_accuracy")
 """Scores of each run's final model (aisrl.final_eval), aggregated like the rest."""
-TIMES = ("time_rollout", "time_logprob", "time_correction", "time_train", "time_sync")
 
 
 @dataclass
@@ -285,7 +289,7 @@ def _accuracies(rows: list[dict], name: str) -> dict:
 
 def summarize_run(rows: list[dict], collapse_fraction: float, fall: float = 0.08) -> dict:
     """One run's numbers: held-out accuracy (start, final, best; collapsed, fell), reward, mismatch, time shares."""
-    times = {k: _mean_std([r.get(k) for r in rows])[0] or 0.0 for k in TIMES}
+    times = {k: statistics.fmean([r.get(k, 0.0) for r in rows]) if rows else 0.0 for k in TIMES}
     total = sum(times.values()) or 1.0
     out = {
         "steps": len(rows),
@@ -346,7 +350,7 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
         g["reward_last_fifth"] = _mean_std([_last_fifth(r) for r in rs])
         g["collapses"] = sum(r["collapsed"] for r in rs)
         g["falls"] = sum(r.get("fell", False) for r in rs)
-        g["time_share"] = {k: _mean_std([r["time_share"][k] for r in rs])[0] for k in TIMES}
+        g["time_share"] = {k: _mean_std([r["time_share"].get(k) for r in rs])[0] for k in TIMES}
     ref = groups.get(REFERENCE, {}).get("runs", {})
     for g in groups.values():  # paired by seed: same prompts and sampling seeds as the reference run
         seeds = [s for s in g["runs"] if s in ref]

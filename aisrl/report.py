@@ -12,12 +12,16 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
+TIMES = ("time_rollout", "time_logprob", "time_calibrate", "time_correction", "time_train", "time_sync")
+"""Seconds a step spends in each phase (the trainer logs them; a phase it skipped counts 0, e.g. time_calibrate
+outside calibration steps)."""
+
+
 def summarize(rows: list[dict]) -> dict:
     n = len(rows)
     fifth = max(1, n // 5)
     evals = [r for r in rows if "eval_accuracy" in r]
-    timing = {k: _mean([r.get(k) for r in rows]) for k in ("time_rollout", "time_logprob", "time_correction",
-                                                            "time_train", "time_sync")}  # fmt: skip
+    timing = {k: _mean([r.get(k, 0.0) for r in rows]) for k in TIMES}
     return {
         "steps": n,
         "reward_first_fifth": _mean([r["reward"] for r in rows[:fifth]]),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from aisrl.calibrate import check_candidates
 from aisrl.config import apply_mapping, apply_overrides
 from aisrl.correction import CORRECTIONS, correct, options_of
 from aisrl.lab import LabConfig
@@ -88,6 +89,16 @@ class CorrectionConfig:
     guard: float = 0.0
     """Mismatch guard: when a batch's rollout/trainer k3 KL exceeds this many times the median of the last 10 steps',
     undo the previous update and train on nothing this step (e.g. 4; 0 = off). aisrl.update.MismatchGuard."""
+    calibrate_every: int = 0
+    """Every this many steps from step 1 (0 = off), also sample the step's prompts from the full-precision trainer
+    with the same seeds, and train from then on with the correction among `candidates` whose gradient on the
+    low-precision batch is nearest the full-precision batch's (aisrl.calibrate). `name` is then unused."""
+    candidates: list[str] = field(default_factory=lambda: ["tis", "prefix_tis", "seq_tis"])
+    """The corrections a calibration chooses from (with calibrate_every > 0)."""
+    calibrate_window: int = 8
+    """A calibration picks by the mean distance over this many calibrations, the last ones and itself. One batch's
+    distance is a noisy judge, and a mean of them steadies the pick but favours the end point least noisy against
+    full precision, not the least biased (docs/ais.md section 5)."""
     veto: float = 0.0
     """Guard around any correction: drop every sequence in which a token's weight w = pi/mu falls below this (e.g.
     1e-3: a token the trainer finds a thousand times less likely than the sampler did decides the rest of its
@@ -235,11 +246,23 @@ def validate(cfg: TrainConfig) -> None:
     is built."""
     if cfg.correction.name not in CORRECTIONS:
         raise ValueError(f"unknown correction {cfg.correction.name!r}; choose from {sorted(CORRECTIONS)}")
-    try:  # the correction checks its own options (cap, ema, alpha) on a one-token batch, before any model is built
-        correct(cfg.correction.name, torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool),
-                **correction_options(cfg, None))  # fmt: skip
-    except ValueError as e:
-        raise ValueError(f"correction settings: {e}") from e
+    if cfg.correction.calibrate_every < 0:
+        raise ValueError(f"correction.calibrate_every must be 0 (off) or a number of steps, got "
+                         f"{cfg.correction.calibrate_every}")  # fmt: skip
+    if cfg.correction.calibrate_window < 1:
+        raise ValueError(f"correction.calibrate_window must be >= 1, got {cfg.correction.calibrate_window}")
+    calibrating = cfg.correction.calibrate_every > 0
+    if calibrating:
+        check_candidates(cfg.correction.candidates)
+        if cfg.correction.bypass or cfg.rollout.pool or cfg.rollout.align:
+            raise ValueError("correction.calibrate_every chooses an importance-weighting correction: it needs the "
+                             "trainer's log-probs (correction.bypass=false) and neither rollout.pool nor rollout.align")
+    for name in cfg.correction.candidates if calibrating else [cfg.correction.name]:
+        try:  # the correction checks its own options (cap, ema, alpha) on a one-token batch, before any model
+            correct(name, torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool),
+                    **correction_options(cfg, None, name))  # fmt: skip
+        except ValueError as e:
+            raise ValueError(f"correction settings: {e}") from e
     if cfg.correction.guard < 0 or 0 < cfg.correction.guard <= 1:
         raise ValueError(f"correction.guard is a factor over the recent k3 KL: 0 (off) or above 1, e.g. 4; "
                          f"got {cfg.correction.guard}")  # fmt: skip
@@ -288,10 +311,10 @@ def validate(cfg: TrainConfig) -> None:
             raise ValueError(f"config key {key!r} must be >= 1, got {getattr(cfg, key)}")
 
 
-def correction_options(cfg: TrainConfig, prev_alpha):
-    """Keyword options of aisrl.correction.correct for the configured correction (`prev_alpha`: last step's, for
-    the AIS EMA)."""
-    name, opts = cfg.correction.name, {}
+def correction_options(cfg: TrainConfig, prev_alpha, name: str | None = None):
+    """Keyword options of aisrl.correction.correct for the correction `name` (default: the configured one;
+    `prev_alpha`: last step's, for the AIS EMA)."""
+    name, opts = name or cfg.correction.name, {}
     if "cap" in options_of(name):
         opts["cap"] = cfg.correction.cap
     if name == "ais" and cfg.correction.ema > 0:

@@ -15,6 +15,7 @@ digest of the initial weights), metrics.jsonl (one row per step), checkpoints/, 
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import functools
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from aisrl.calibrate import closest_end_point
 from aisrl.checkpoint import (
     atomic_write_text,
     latest_checkpoint,
@@ -45,7 +47,7 @@ from aisrl.rollout import SamplingParams, device_of
 from aisrl.solrl import select_extremes
 from aisrl.tracking import Tracker
 from aisrl.train_config import PRECISIONS, TrainConfig, correction_options, diffusion_params, resolve_device, validate
-from aisrl.update import MismatchGuard, _eval_mode, _update
+from aisrl.update import MismatchGuard, _eval_mode, _update, accumulate_gradient, flat_grad
 
 
 def build(cfg: TrainConfig):
@@ -197,11 +199,13 @@ def train(cfg: TrainConfig, log=print) -> dict:
                          f"prompts_per_step={cfg.prompts_per_step} and one held-out problem")  # fmt: skip
 
     record_config(out, dataclasses.asdict(cfg), write=rank == 0)  # everything built: this run is under way
-    start, prev_alpha, history = 0, None, []
+    start, prev_alpha, history, end_point, past = 0, None, [], cfg.correction.name, []
     ckpt = latest_checkpoint(out)
     if ckpt is not None:
         state = load_checkpoint(ckpt, model, opt)
         start, prev_alpha, history = state["step"], state["extra"].get("prev_alpha"), state["extra"].get("k3", [])
+        end_point = state["extra"].get("end_point", end_point)  # the last calibration's pick, and what it averaged
+        past = state["extra"].get("calibrations", [])
         sched.last_epoch = start  # the optimizer's restored lr is already the one for step start + 1
         sync(merged_state(model))
         log(f"resumed from {ckpt} at step {start}")
@@ -215,6 +219,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
     if start >= cfg.max_steps:
         log(f"{out} is already at step {start} (max_steps={cfg.max_steps}); nothing to train")
 
+    past = collections.deque(past, maxlen=cfg.correction.calibrate_window - 1)  # what the next calibration averages
     B, G = cfg.prompts_per_step, cfg.group_size
     guard = MismatchGuard(cfg.correction.guard, history=history)
     tracker = Tracker(out, cfg.max_steps, start, log) if rank == 0 else None
@@ -230,8 +235,9 @@ def train(cfg: TrainConfig, log=print) -> dict:
         seeds = [stream * 4096 + i for i in range(len(problems))]  # distinct in the low 32 bits CPU generators keep
         shard = slice(rank * len(problems) // world, (rank + 1) * len(problems) // world)  # whole groups per rank
         problems, seeds = problems[shard], seeds[shard]
+        prompts = [encode(p) for p in problems]
         t0 = time.perf_counter()
-        r = policy.sample(rollout, [encode(p) for p in problems], seeds, step, kv_fp8)
+        r = policy.sample(rollout, prompts, seeds, step, kv_fp8)
         t["time_rollout"] = time.perf_counter() - t0
         # 2. rewards and group advantages
         scored = [task.reward(x, p) for x, p in zip(completion_texts(tok, r), problems, strict=True)]
@@ -254,9 +260,25 @@ def train(cfg: TrainConfig, log=print) -> dict:
             with torch.no_grad(), _eval_mode(model):  # no dropout noise in old_logp, hence in the weights
                 old_logp = _score_at(policy, model, r, step, cfg.precision)
         t["time_logprob"] = time.perf_counter() - t0
+        score = functools.partial(_score_at, policy, step=step, precision=cfg.precision)  # (diffusion: its seed)
+        calibration = {}
+        k = cfg.correction.calibrate_every  # calibrate on schedule, or first thing where no pick is known yet
+        if k and ((step - 1) % k == 0 or end_point not in cfg.correction.candidates):
+            t0 = time.perf_counter()
+            batch = (prompts, problems, seeds)
+            g_full = _full_precision_gradient(cfg, model, ref, policy, task, tok, batch, step, score)
+            low = functools.partial(_gradient, cfg, model, ref, r, old_logp, adv, score=score, policy=policy)
+            options = functools.partial(correction_options, cfg, prev_alpha)
+            end_point, calibration = closest_end_point(cfg.correction.candidates, low, g_full, old_logp, r.rollout_logp,
+                                                       r.completion_mask, options, keep=end_point,
+                                                       past=list(past))  # fmt: skip
+            past.append({name: v.item() for name, v in calibration.items()})
+            t["time_calibrate"] = time.perf_counter() - t0
+        if cfg.correction.calibrate_every:
+            calibration["end_point"] = torch.tensor(float(cfg.correction.candidates.index(end_point)))
         t0 = time.perf_counter()
-        res = correct(cfg.correction.name, old_logp, r.rollout_logp, r.completion_mask,
-                      **correction_options(cfg, prev_alpha))  # fmt: skip
+        res = correct(end_point, old_logp, r.rollout_logp, r.completion_mask,
+                      **correction_options(cfg, prev_alpha, end_point))  # fmt: skip
         errors = error_tokens(r.completion_ids, r.completion_mask, old_logp - r.rollout_logp)  # (N, T)
         (n_err,) = all_sum(errors.sum().double())
         res.metrics["error_token_frac"] = n_err / res.metrics["num_tokens"].clamp(min=1)
@@ -275,7 +297,6 @@ def train(cfg: TrainConfig, log=print) -> dict:
         t["time_correction"] = time.perf_counter() - t0
         # 4. mu epochs of the clipped loss over micro-batches, one optimizer step per epoch
         t0 = time.perf_counter()
-        score = functools.partial(_score_at, policy, step=step, precision=cfg.precision)  # (diffusion: its seed)
         loss_metrics = _update(cfg, model, ref, opt, r, old_logp, adv, res, score, policy.order(r))
         with warnings.catch_warnings():  # a skipped update (nothing left to train on) still advances the schedule
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
@@ -285,14 +306,16 @@ def train(cfg: TrainConfig, log=print) -> dict:
         t["time_sync"] = sync(merged_state(model))
         prev_alpha = res.metrics["alpha"].item() if "alpha" in res.metrics else None
         row = {"step": step, **row, "reward": reward_sum / n_samples, "accuracy": n_correct / n_samples,
-               "completion_len": n_tokens / n_samples, "alpha": prev_alpha, **res.metrics, **loss_metrics,
-               **t}  # fmt: skip
+               "completion_len": n_tokens / n_samples, "alpha": prev_alpha, **res.metrics, **calibration,
+               **loss_metrics, **t}  # fmt: skip
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             row.update(evaluations())
         if rank == 0:
             tracker.log_step(row)
             if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
-                save_checkpoint(out, step, model, opt, {"prev_alpha": prev_alpha, "k3": guard.history})
+                kept = {"prev_alpha": prev_alpha, "k3": guard.history, "end_point": end_point,
+                        "calibrations": list(past)}  # fmt: skip
+                save_checkpoint(out, step, model, opt, kept)
     if rank != 0:
         return {}
     tracker.close()
@@ -315,6 +338,27 @@ def _rollout_model(cfg: TrainConfig, model, device, task, encode):
     if cfg.rollout.quant != "none":
         quantize_(rollout, quant_config(cfg.rollout.quant))
     return rollout, functools.partial(sync_weights, rollout=rollout)
+
+
+def _full_precision_gradient(cfg: TrainConfig, model, ref, policy, task, tok, batch, step, score) -> torch.Tensor:
+    """(P,) the uncorrected gradient of the step's prompts sampled by the full-precision trainer with the
+    low-precision batch's seeds (batch: prompts, problems, seeds): the reference of a calibration (aisrl.calibrate)."""
+    prompts, problems, seeds = batch
+    with torch.no_grad(), _eval_mode(model):
+        full = policy.sample(model, prompts, seeds, step)
+        old_logp = _score_at(policy, model, full, step, cfg.precision)
+    rewards = torch.tensor([task.reward(x, p)[0] for x, p in zip(completion_texts(tok, full), problems, strict=True)])
+    plain = correct("none", old_logp, full.rollout_logp, full.completion_mask)
+    return _gradient(cfg, model, ref, full, old_logp, group_advantages(rewards, cfg.group_size), plain, score, policy)
+
+
+def _gradient(cfg: TrainConfig, model, ref, r, old_logp, adv, res, score, policy) -> torch.Tensor:
+    """(P,) the flat gradient one update pass of this batch would take, left out of the model's .grad."""
+    model.zero_grad(set_to_none=True)
+    accumulate_gradient(cfg, model, ref, r, old_logp, adv, res, score, policy.order(r))
+    g = flat_grad(model)
+    model.zero_grad(set_to_none=True)
+    return g
 
 
 def _score_at(policy, model, rows, step, precision="fp32"):

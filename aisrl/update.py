@@ -41,8 +41,9 @@ def _as_reference(ref):
     return stack
 
 
-def _update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
-    """mu epochs over micro-batches of the rows in `order` (the policy's: by length for causal LMs)."""
+def accumulate_gradient(cfg, model, ref, r, old_logp, adv, res, score, order) -> dict[str, float]:
+    """One pass of the loss over micro-batches of the rows in `order` (the policy's: by length for causal LMs),
+    its gradient added to each parameter's .grad and averaged over ranks; returns the loss metrics."""
     n = r.completion_ids.shape[0]
     mask = res.mask
     tok_total, seq_total = all_sum(mask.sum().double(), mask.any(1).sum().double())  # global denominators
@@ -50,31 +51,47 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
     acc: dict[str, float] = {}
     agg = "seq-mean" if cfg.loss == "tbpo" else cfg.agg
     dual_clip = cfg.dual_clip or (3.0 if cfg.loss == "tbpo" else None)
+    for s in range(0, n, cfg.micro_batch):
+        sl = order[s : s + cfg.micro_batch]
+        rows = r.select(sl)
+        logp = score(model, rows)
+        ref_logp = None
+        if ref is not None:
+            with torch.no_grad(), _as_reference(ref):
+                ref_logp = score(ref, rows)
+        loss, m = LOSSES[cfg.loss](logp, old_logp[sl], adv[sl], mask[sl], weights=res.weights[sl],
+                                   clip=(cfg.clip_low, cfg.clip_high), dual_clip=dual_clip, agg=agg,
+                                   ref_logp=ref_logp, kl_coef=cfg.kl_coef,
+                                   horizon=cfg.rollout.max_new_tokens)  # fmt: skip
+        # micro-batch share of the batch's denominator, so accumulation equals one full-batch loss
+        (mb_tok, mb_seq) = all_sum(mask[sl].sum().double(), mask[sl].any(1).sum().double())
+        share = (mb_tok / totals["tok"] if agg == "token-mean" else mb_seq / totals["seq"]).float()
+        (loss * share).backward()
+        for k, v in m.items():
+            acc[k] = acc.get(k, 0.0) + v.item() * share.item()
+    if world_size() > 1:  # data parallel: average gradients over ranks (what DDP does)
+        for p in model.parameters():
+            if p.grad is not None:
+                torch.distributed.all_reduce(p.grad)
+                p.grad /= world_size()
+    return acc
+
+
+def flat_grad(model) -> torch.Tensor:
+    """(P,) the trainable parameters' .grad, concatenated in parameter order (zeros where a parameter has none)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).float().cpu()
+                      for p in params])  # fmt: skip
+
+
+def _update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
+    """mu epochs of accumulate_gradient, one optimizer step after each."""
+    (tok_total,) = all_sum(res.mask.sum().double())
+    acc: dict[str, float] = {}
     for _ in range(cfg.epochs):
         opt.zero_grad()
-        for s in range(0, n, cfg.micro_batch):
-            sl = order[s : s + cfg.micro_batch]
-            rows = r.select(sl)
-            logp = score(model, rows)
-            ref_logp = None
-            if ref is not None:
-                with torch.no_grad(), _as_reference(ref):
-                    ref_logp = score(ref, rows)
-            loss, m = LOSSES[cfg.loss](logp, old_logp[sl], adv[sl], mask[sl], weights=res.weights[sl],
-                                       clip=(cfg.clip_low, cfg.clip_high), dual_clip=dual_clip, agg=agg,
-                                       ref_logp=ref_logp, kl_coef=cfg.kl_coef,
-                                       horizon=cfg.rollout.max_new_tokens)  # fmt: skip
-            # micro-batch share of the batch's denominator, so accumulation equals one full-batch loss
-            (mb_tok, mb_seq) = all_sum(mask[sl].sum().double(), mask[sl].any(1).sum().double())
-            share = (mb_tok / totals["tok"] if agg == "token-mean" else mb_seq / totals["seq"]).float()
-            (loss * share).backward()
-            for k, v in m.items():
-                acc[k] = acc.get(k, 0.0) + v.item() * share.item() / cfg.epochs
-        if world_size() > 1:  # data parallel: average gradients over ranks (what DDP does)
-            for p in model.parameters():
-                if p.grad is not None:
-                    torch.distributed.all_reduce(p.grad)
-                    p.grad /= world_size()
+        for k, v in accumulate_gradient(cfg, model, ref, r, old_logp, adv, res, score, order).items():
+            acc[k] = acc.get(k, 0.0) + v / cfg.epochs
         if cfg.grad_clip > 0:
             params_ = [p for p in model.parameters() if p.requires_grad]
             acc["grad_norm"] = torch.nn.utils.clip_grad_norm_(params_, cfg.grad_clip).item()

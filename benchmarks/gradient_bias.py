@@ -1,7 +1,7 @@
 """Bias and noise of each correction's gradient on the lab model itself (issue 5; docs/ais.md section 5).
 
     OMP_NUM_THREADS=2 python benchmarks/gradient_bias.py [preset=lab_columns] [quant=mxfp4_w4a4] [seed=S]
-        [salts=16] [methods=none,tis,prefix_tis,seq_tis] [start=RUN:STEP] [horizons=1,10,100]
+        [salts=16] [methods=none,tis,prefix_tis,seq_tis] [start=RUN:STEP] [horizons=1,10,100] [choose=tis,seq_tis]
 
 A method is a correction name, optionally with options: `tis:cap=100+floor=0.1` sets correction.cap and .floor.
 
@@ -25,6 +25,9 @@ units of the true gradient's squared norm |g|^2 (estimated by |mean g_ref|^2 - v
   here, one that turns it does. The reference's is (var / h) / (1 + var / h);
 - on the segment g(alpha) = (1 - alpha) g_none + alpha g_tis (AIS with a pinned alpha; exact at this step, where the
   gradient is linear in the weights and both runs train on the same samples), the alpha minimising each error.
+- calibration: could a run tell these end points apart from a few full-precision batches of its own? With c of the
+  salts as the calibration, pick the estimator among `choose` (by default the importance-weighted ones measured) with
+  the least |mean d_m|^2 and judge the pick on the other salts (function `calibration`).
 Every figure is a quadratic form in the gradients, so only their inner products are kept (class Gram); `<key>_se` is
 its jackknife standard error over the salts.
 `start=RUN:STEP` measures at a checkpoint of a run (e.g. late in a full-precision run) instead of the warm start.
@@ -61,10 +64,16 @@ class Gram:
         flat = torch.cat(list(vecs.values())).double()  # (len(vecs) K, P)
         return cls(flat @ flat.T, next(iter(vecs.values())).shape[0], {n: i for i, n in enumerate(vecs)})
 
-    def drop(self, i: int) -> "Gram":
-        """The same products without salt i (for the jackknife)."""
-        keep = torch.tensor([j for j in range(self.G.shape[0]) if j % self.K != i])
-        return Gram(self.G[keep][:, keep], self.K - 1, self.index)
+    def drop(self, *salts: int) -> "Gram":
+        """The same products without the given salts (one for the jackknife, a group to judge a choice made on it)."""
+        keep = torch.tensor([j for j in range(self.G.shape[0]) if j % self.K not in salts])
+        return Gram(self.G[keep][:, keep], self.K - len(salts), self.index)
+
+    def diff_block(self, name: str) -> torch.Tensor:
+        """(K, K) inner products <d(i), d(j)> of the paired differences d(i) = g_name(i) - g_ref(i)."""
+        K, G = self.K, self.G
+        m, r = self.index[name] * K, self.index["ref"] * K
+        return G[m : m + K, m : m + K] - G[m : m + K, r : r + K] - G[r : r + K, m : m + K] + G[r : r + K, r : r + K]
 
     def stats(self, x: dict[str, float], y: dict[str, float]) -> tuple[float, float]:
         """(<mean x, mean y>, tr Cov(x, y)) for the per-salt vectors x(i) = sum_n x[n] g_n(i) and y(i) alike; the
@@ -95,8 +104,11 @@ def figures(gram: Gram, m: dict[str, float], horizons: list[int]) -> dict:
     return out
 
 
-def measure(g_ref: torch.Tensor, g: dict[str, torch.Tensor], horizons: list[int]) -> dict:
-    """The table of the module docstring from the stacked per-salt gradients (K, P) of the reference and methods."""
+def measure(g_ref: torch.Tensor, g: dict[str, torch.Tensor], horizons: list[int], choose: list[str] | None = None,
+            sizes: tuple[int, ...] = (1, 2, 4, 8)) -> dict:  # fmt: skip
+    """The table of the module docstring from the stacked per-salt gradients (K, P) of the reference and methods;
+    with two or more estimators to `choose` from (by default the importance-weighted end points measured), how well
+    c full-precision batches pick among them (calibration)."""
     gram = Gram.of({"ref": g_ref, **g})
     rr, var_ref = gram.stats({"ref": 1.0}, {"ref": 1.0})
     out = {"true_grad_norm2": rr - var_ref / gram.K, "ref": figures(gram, {"ref": 1.0}, horizons)}
@@ -114,6 +126,51 @@ def measure(g_ref: torch.Tensor, g: dict[str, torch.Tensor], horizons: list[int]
             best = min(seg, key=lambda a: seg[a][key])
             out["segment"][f"alpha*_{key}"], out["segment"][f"best_{key}"] = best, seg[best][key]
             out["segment"][f"{key}_alpha0.5"] = seg[0.5][key]
+    if choose is None:
+        choose = [m for m in ("tis", "prefix_tis", "seq_tis") if m in g]
+    if len(choose) >= 2:
+        out["calibration"] = calibration(gram, choose, [c for c in sizes if c <= gram.K // 2], horizons)
+    return out
+
+
+def calibration(gram: Gram, choose: list[str], sizes: list[int], horizons: list[int]) -> dict:
+    """Could a run pick its end point from a few full-precision batches (aisrl.calibrate; docs/ais.md section 5)?
+
+    The salts are cut into groups of c; d_m(i) = g_m(i) - g_ref(i), paired by salt (one full-precision batch of the
+    step's prompts per low-precision one). On each group the estimator among `choose` is picked by one of two rules:
+    - pooled: the least |mean_i d_m(i)|^2, which estimates bias2 + tr Cov(d_m) / c (c full-precision batches at
+      one step);
+    - window: the least mean_i |d_m(i)|^2, which estimates bias2 + tr Cov(d_m) (the trainer's rule, its D averaged
+      over `correction.calibrate_window` calibrations, while the weights barely move).
+    For c = 1 they agree. The pick is judged on the other salts: its bias2 and err@10 there, against each estimator
+    kept fixed, on the same salts.
+    """
+    out = {}
+    blocks = {m: gram.diff_block(m) for m in choose}
+    h = 10 if 10 in horizons else horizons[0]
+    keys = ("bias2", f"err@{h}")
+    rules = {"pooled": lambda m, g: blocks[m][g, g].mean().item(),  # |mean d|^2
+             "window": lambda m, g: blocks[m][g, g].trace().item()}  # c * mean |d|^2  # fmt: skip
+    for c in sizes:
+        picks = {r: [] for r in rules}
+        chosen = {r: {k: [] for k in keys} for r in rules}
+        fixed = {m: {k: [] for k in keys} for m in choose}
+        for start in range(0, gram.K - c + 1, c):
+            group = slice(start, start + c)
+            rest = gram.drop(*range(start, start + c))
+            figs = {m: figures(rest, {m: 1.0}, [h]) for m in choose}
+            for m in choose:
+                for k in keys:
+                    fixed[m][k].append(figs[m][k])
+            for r, judge in rules.items():
+                pick = min(choose, key=lambda m: judge(m, group))  # noqa: B023
+                picks[r].append(pick)
+                for k in keys:
+                    chosen[r][k].append(figs[pick][k])
+        out[c] = {"groups": len(picks["pooled"]),
+                  **{r: {"picks": {m: picks[r].count(m) / len(picks[r]) for m in choose},
+                         **{k: statistics.fmean(v) for k, v in chosen[r].items()}} for r in rules},
+                  "fixed": {m: {k: statistics.fmean(v) for k, v in f.items()} for m, f in fixed.items()}}  # fmt: skip
     return out
 
 
@@ -130,7 +187,7 @@ def section(out: dict) -> str:
              "| method | cos(E g_m, g) | bias^2 | noise per batch | err@10 | mean k3 KL | ESS/N | alpha |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, r in res.items():
-        if name in ("true_grad_norm2", "segment"):
+        if name in ("true_grad_norm2", "segment", "calibration"):
             continue
         extra = " | ".join(f"{r[k]:.3g}" if k in r else "-" for k in ("k3_kl", "ess", "alpha"))
         label = "full precision (reference)" if name == "ref" else f"`{name}`"
@@ -140,11 +197,26 @@ def section(out: dict) -> str:
         seg = res["segment"]
         lines.append(f"\nOn the none-TIS segment the alpha with the least err@10 is {seg['alpha*_err@10']:.2f} (err@10 "
                      f"{seg['best_err@10']:.3g}); alpha 0.5 gives {seg['err@10_alpha0.5']:.3g}.")  # fmt: skip
+    if "calibration" in res:
+        cal = res["calibration"]
+        names = list(next(iter(cal.values()))["fixed"])
+        lines += ["", "End point picked from c full-precision batches (`calibration`: pooled = least |mean d_m|^2, "
+                  "c batches at one step; window = least mean |d_m|^2, the trainer's `correction.calibrate_window`), "
+                  "judged on the other salts; bias^2 / err@10, mean over groups:", "",
+                  "| c | rule | picked | the pick | " + " | ".join(f"`{n}` fixed" for n in names) + " |",
+                  "|---" * (4 + len(names)) + "|"]  # fmt: skip
+        for c, r in cal.items():
+            fixed = " | ".join(f"{v['bias2']:.3g} / {v['err@10']:.3g}" for v in r["fixed"].values())
+            for rule in ("pooled", "window") if int(c) > 1 else ("pooled",):
+                x = r[rule]
+                picked = ", ".join(f"{n} {f:.0%}" for n, f in x["picks"].items() if f)
+                label = rule if int(c) > 1 else "one batch"
+                lines.append(f"| {c} | {label} | {picked} | {x['bias2']:.3g} / {x['err@10']:.3g} | {fixed} |")
     return "\n".join(lines)
 
 
 def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: list[str], start: str,
-         horizons: list[int]) -> dict:  # fmt: skip
+         horizons: list[int], choose: list[str] | None = None) -> dict:  # fmt: skip
     """preset: the warm start's (default lab_columns); with `start`, only for a run whose config.json does not load."""
     if salts < 3:  # a variance needs two draws, and its jackknife one more
         raise ValueError(f"salts={salts}: need at least 3 (32 give standard errors of a useful size)")
@@ -169,14 +241,14 @@ def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: 
             g[m].append(gm)
             rows[m].append(row)
         print(f"salt {k}: {time.perf_counter() - t0:.0f} s", flush=True)
-    res = measure(torch.stack(g_ref), {m: torch.stack(v) for m, v in g.items()}, horizons)
+    res = measure(torch.stack(g_ref), {m: torch.stack(v) for m, v in g.items()}, horizons, choose)
     for m in methods:  # the batch statistics the runs logged, averaged over salts
         for key in ("k3_kl", "ess", "alpha"):
             vals = [r[key] for r in rows[m] if r.get(key) is not None]
             if vals:
                 res[m][key] = statistics.fmean(vals)
     for name, r in res.items():
-        if isinstance(r, dict):
+        if isinstance(r, dict) and name != "calibration":
             print(f"{name:>10}: " + "  ".join(f"{k} {v:.4g}" for k, v in r.items()))
     tag = f"_seed{seed}" if seed else ""  # seed 0 at the warm start keeps the first results' name
     if start:
@@ -193,4 +265,5 @@ if __name__ == "__main__":
     kw = dict(a.split("=", 1) for a in sys.argv[1:])
     main(kw.get("preset"), kw.get("quant", "mxfp4_w4a4"), int(kw["seed"]) if "seed" in kw else None,
          int(kw.get("salts", 16)), kw.get("methods", "none,tis,prefix_tis,seq_tis").split(","), kw.get("start", ""),
-         [int(h) for h in kw.get("horizons", "1,10,100").split(",")])  # fmt: skip
+         [int(h) for h in kw.get("horizons", "1,10,100").split(",")],
+         kw["choose"].split(",") if "choose" in kw else None)  # fmt: skip

@@ -92,3 +92,32 @@ def test_bias_noise_split_and_best_alpha_match_their_closed_forms():
     for h in (1, 10):
         a = 0.64 + 0.2 / h
         assert res["segment"][f"alpha*_err@{h}"] == pytest.approx(a / (a + 1.0 / h), abs=0.03)
+
+
+def test_calibration_picks_the_unbiased_end_point_once_enough_pooled_batches_average_its_noise():
+    gb = load_benchmark("gradient_bias")
+    gen = torch.Generator().manual_seed(1)
+    K, P = 64, 500
+    g = torch.randn(P, generator=gen)
+    g *= 1 / g.norm()
+    b = torch.randn(P, generator=gen)
+    b *= 0.8 / b.norm()  # the biased estimator's bias, |b|^2 = 0.64
+
+    def noise(var):
+        return torch.randn(K, P, generator=gen) * (var / P) ** 0.5
+
+    g_ref = g + noise(0.5)
+    # paired with the reference: d_biased = b + small noise, d_noisy = unbiased with E|d|^2 = 2.0
+    res = gb.measure(g_ref, {"biased": g_ref + b + noise(0.05), "noisy": g_ref + noise(2.0)}, [1, 10],
+                     choose=["biased", "noisy"])  # fmt: skip
+    cal = res["calibration"]
+    assert set(cal) == {1, 2, 4, 8} and cal[1]["groups"] == 64 and cal[8]["groups"] == 8
+    # one batch: |d_noisy|^2 ~ 2.0 > |d_biased|^2 ~ 0.69, so the biased one is picked; eight pooled: 2.0 / 8 = 0.25 <
+    # 0.65; eight single batches averaged (window): still 2.0 > 0.69, since their noise does not average out of |d|^2
+    assert cal[1]["pooled"]["picks"] == cal[1]["window"]["picks"] == {"biased": 1.0, "noisy": 0.0}
+    assert cal[8]["pooled"]["picks"] == {"biased": 0.0, "noisy": 1.0}
+    assert cal[8]["window"]["picks"] == {"biased": 1.0, "noisy": 0.0}
+    assert cal[1]["pooled"]["bias2"] == pytest.approx(0.64, abs=0.05)
+    assert cal[8]["pooled"]["bias2"] == pytest.approx(0.0, abs=0.05)
+    assert cal[8]["fixed"]["biased"]["bias2"] == pytest.approx(0.64, abs=0.05)
+    assert "calibration" not in gb.measure(g_ref, {"tis": g_ref}, [1])  # one end point: nothing to choose

@@ -21,6 +21,7 @@ import aisrl.trainer as trainer
 from aisrl.branch import start_from_checkpoint
 from aisrl.compare import run_rows
 from aisrl.train_config import load_config
+from aisrl.update import flat_grad
 
 Hook = Callable[..., object]  # (name, old_logp, rollout_logp, mask, result) -> the correction result to train on
 
@@ -44,9 +45,7 @@ def one_step(base: str, overrides: list[str], *, start: tuple[str | Path, int] |
 
     def capture(cfg, model, *args, **kw):
         out = update(cfg, model, *args, **kw)
-        params = [p for p in model.parameters() if p.requires_grad]
-        grads.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-                     .detach().float().cpu())  # fmt: skip
+        grads.append(flat_grad(model))
         return out
 
     trainer.correct, trainer._update, trainer.evaluate = hooked, capture, lambda *a, **k: 0.0

@@ -1,0 +1,130 @@
+"""Calibrated end point: the pick is the gradient nearest the full-precision one, and the trainer calibrates on
+schedule, logs what it measured, trains with the pick and resumes with it."""
+
+import json
+
+import pytest
+import torch
+from conftest import TINY_LAB
+
+from aisrl.calibrate import check_candidates, closest_end_point
+from aisrl.correction import correct
+from aisrl.train_config import load_config, validate
+from aisrl.trainer import train
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
+
+
+def test_the_pick_is_the_candidate_whose_gradient_is_nearest_the_reference():
+    # low-precision batch: token log-ratios 0.5 and -1.0 on two tokens of one sequence
+    old = torch.tensor([[0.0, -1.0]])
+    roll = torch.tensor([[-0.5, 0.0]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+
+    def low(res):  # a "gradient" that is the correction's weights themselves
+        return res.weights[0]
+
+    # token weights w = (e^0.5, e^-1); tis (cap 2) = (1.6487, 0.3679); seq_tis: W = e^-0.5 = 0.6065 on both tokens;
+    # prefix_tis: (e^0.5, e^-0.5) = (1.6487, 0.6065)
+    ref = torch.tensor([1.6, 0.6])
+    pick, m = closest_end_point(["tis", "seq_tis", "prefix_tis"], low, ref, old, roll, mask, lambda n: {"cap": 2.0})
+    assert pick == "prefix_tis"
+    e = torch.tensor([0.5, -1.0]).exp()
+    ref2 = 1.6**2 + 0.6**2
+    assert m["calib_dist_tis"].item() == pytest.approx(((e[0] - 1.6) ** 2 + (e[1] - 0.6) ** 2).item() / ref2, rel=1e-5)
+    assert m["calib_dist_seq_tis"].item() == pytest.approx(((0.6065 - 1.6) ** 2 + 0.0065**2) / ref2, rel=1e-3)
+    assert m["calib_ref_norm"].item() == pytest.approx(ref2**0.5)
+    # the options reach each candidate: near (1.0, 0.37) tis wins at cap 1 (1, 0.3679), seq_tis at cap 2
+    near = torch.tensor([1.0, 0.37])
+    for cap, want in [(1.0, "tis"), (2.0, "seq_tis")]:
+        assert closest_end_point(["tis", "seq_tis"], low, near, old, roll, mask, lambda n, c=cap: {"cap": c})[0] == want
+    # a non-finite gradient is never picked; a zero reference measures nothing and keeps the end point in use
+    def nan_for_token_weights(res):  # tis's two weights differ, seq_tis's are equal
+        w = res.weights[0]
+        return w * float("nan") if w[0] != w[1] else w
+
+    pick, m = closest_end_point(["tis", "seq_tis"], nan_for_token_weights, ref, old, roll, mask, lambda n: {})
+    assert m["calib_dist_tis"].item() == float("inf") and pick == "seq_tis"
+    pick, _ = closest_end_point(["tis", "seq_tis"], low, torch.zeros(2), old, roll, mask, lambda n: {}, keep="seq_tis")
+    assert pick == "seq_tis"
+
+
+def test_the_pick_averages_the_distances_of_past_calibrations():
+    old, roll, mask = torch.tensor([[0.0, -1.0]]), torch.tensor([[-0.5, 0.0]]), torch.ones(1, 2, dtype=torch.bool)
+    ref = torch.tensor([1.6, 0.6])  # alone, prefix_tis (1.6487, 0.6065) is nearest: D = 0.0009, tis 0.0197
+    pick, m = closest_end_point(["tis", "prefix_tis"], lambda res: res.weights[0], ref, old, roll, mask, lambda n: {})
+    assert pick == "prefix_tis"
+    d_tis, d_prefix = m["calib_dist_tis"].item(), m["calib_dist_prefix_tis"].item()
+    past = [{"calib_dist_tis": 0.0, "calib_dist_prefix_tis": 0.05, "calib_ref_norm": 1.0}]
+    pick, _ = closest_end_point(["tis", "prefix_tis"], lambda res: res.weights[0], ref, old, roll, mask, lambda n: {},
+                                past=past)  # fmt: skip
+    assert (d_tis + 0.0) / 2 < (d_prefix + 0.05) / 2 and pick == "tis"
+    # a past calibration whose reference was 0 measured nothing and is left out of the mean
+    zero = [{"calib_dist_tis": 0.0, "calib_dist_prefix_tis": 1e30, "calib_ref_norm": 0.0}]
+    pick, _ = closest_end_point(["tis", "prefix_tis"], lambda res: res.weights[0], ref, old, roll, mask, lambda n: {},
+                                past=zero)  # fmt: skip
+    assert pick == "prefix_tis"
+
+
+def test_candidates_and_settings_are_checked_before_anything_is_built():
+    with pytest.raises(ValueError, match=r"unknown correction\(s\) \['tiss'\]"):
+        check_candidates(["tis", "tiss"])
+    with pytest.raises(ValueError, match="two or more distinct"):
+        check_candidates(["tis", "tis"])
+    for bad, match in [("correction.calibrate_every=-1", "calibrate_every must be 0"),
+                       ("correction.bypass=true", "correction.bypass=false"),
+                       ("correction.calibrate_window=0", "calibrate_window must be >= 1"),
+                       ("correction.alpha=0.5", r"'tis' got unknown option\(s\) \['alpha'\]")]:  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            validate(load_config("lab", ["correction.calibrate_every=2", "correction.cap=3", bad]))
+
+
+def rows(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("quant", ["none", "fp8_e4m3_w8a8"])
+def test_trainer_calibrates_on_schedule_and_trains_with_the_pick(tmp_path, monkeypatch, quant):
+    # a reward that varies with the completion, so groups have advantages (an untrained policy scores 0 everywhere)
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    seen = []
+    monkeypatch.setattr("aisrl.trainer.correct", lambda name, *a, **k: seen.append(name) or correct(name, *a, **k))
+    out = tmp_path / "run"
+    cfg = load_config("lab", [*TINY_LAB, "max_steps=3", f"output_dir={out}", f"rollout.quant={quant}",
+                              "correction.calibrate_every=2", "correction.calibrate_window=1",
+                              "correction.candidates=[seq_tis,tis]"])  # fmt: skip
+    train(cfg, log=lambda _: None)
+    r = rows(out)
+    cal = [x["step"] for x in r if "calib_dist_tis" in x]
+    assert cal == [1, 3] and all("time_calibrate" in x for x in r if x["step"] in cal)
+    for x in r:
+        if "calib_dist_tis" in x:
+            d = [x["calib_dist_seq_tis"], x["calib_dist_tis"]]
+            assert x["end_point"] == d.index(min(d))  # the nearest candidate, trained from this step on
+            assert x["calib_ref_norm"] > 0
+            if quant == "none":  # same weights, same seeds: the same samples, every weight 1, every gradient equal
+                assert max(d) < 1e-8
+    assert r[1]["end_point"] == r[0]["end_point"]  # kept between calibrations
+    picks = [cfg.correction.candidates[int(x["end_point"])] for x in r]
+    assert [n for n in seen if n != "none"] == picks  # what each step trained with (the reference is "none")
+
+
+def test_a_resumed_run_keeps_its_pick_and_the_calibrations_it_averages(tmp_path, monkeypatch):
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    a, b = tmp_path / "a", tmp_path / "b"
+    base = [*TINY_LAB, "rollout.quant=fp8_e4m3_w8a8", "checkpoint_every=2", "correction.calibrate_every=2",
+            "correction.calibrate_window=2"]  # fmt: skip
+    train(load_config("lab", [*base, "max_steps=4", f"output_dir={a}"]), log=lambda _: None)
+    train(load_config("lab", [*base, "max_steps=2", f"output_dir={b}"]), log=lambda _: None)
+    train(load_config("lab", [*base, "max_steps=4", f"output_dir={b}"]), log=lambda _: None)
+    ra, rb = rows(a), rows(b)
+    assert "calib_dist_tis" not in rb[1]  # step 2 is no calibration step: its pick came from step 1
+    names = ["tis", "prefix_tis", "seq_tis"]  # the default candidates
+    mean = [(rb[0][f"calib_dist_{n}"] + rb[2][f"calib_dist_{n}"]) / 2 for n in names]
+    assert rb[2]["end_point"] == mean.index(min(mean))  # step 3 averaged step 1's calibration, kept by the checkpoint
+    for x, y in zip(ra, rb, strict=True):
+        for key in ("end_point", "reward", "k3_kl", "loss"):
+            assert x[key] == y[key], key
