@@ -25,7 +25,7 @@ Cost of one calibration: a full-precision rollout of the step's batch, its train
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -46,7 +46,7 @@ def check_candidates(candidates: list[str]) -> None:
 
 def closest_end_point(
     candidates: list[str], low: Gradient, reference: torch.Tensor, old_logp, rollout_logp, mask, options,
-    keep: str | None = None, past: list[dict[str, float]] = (),
+    keep: str | None = None, past: Sequence[dict[str, float]] = (),
 ) -> tuple[str, dict[str, torch.Tensor]]:  # fmt: skip
     """(the candidate whose low-precision gradient is nearest `reference`, metrics).
 

@@ -270,8 +270,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
             low = functools.partial(_gradient, cfg, model, ref, r, old_logp, adv, score=score, policy=policy)
             options = functools.partial(correction_options, cfg, prev_alpha)
             end_point, calibration = closest_end_point(cfg.correction.candidates, low, g_full, old_logp, r.rollout_logp,
-                                                       r.completion_mask, options, keep=end_point,
-                                                       past=list(past))  # fmt: skip
+                                                       r.completion_mask, options, end_point, past)  # fmt: skip
             past.append({name: v.item() for name, v in calibration.items()})
             t["time_calibrate"] = time.perf_counter() - t0
         if cfg.correction.calibrate_every:
