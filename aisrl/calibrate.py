@@ -6,25 +6,33 @@ statistics that drive AIS's alpha (k3 KL, ESS) hardly move between states where 
 (docs/ais.md section 5, benchmarks/gradient_bias.py). The bias is a property of the gradient, so a run can buy a
 measurement of it: at a calibration step it samples the step's prompts a second time, from the full-precision
 trainer and with the same sampling seeds (coupled sampling: the two batches share most tokens, so their gradients'
-difference is far less noisy than either), and keeps the candidate c minimising the mean over the last few
-calibrations (`correction.calibrate_window`) of
+difference is far less noisy than either), and measures for each candidate c the difference
 
-    D_c = |g_c - g_ref|^2 / |g_ref|^2,
+    d_c = g_c - g_ref,    D_c = |d_c|^2 / |g_ref|^2,
 
 g_c the policy gradient of the low-precision batch under correction c, g_ref the uncorrected gradient of the
-full-precision batch, both from the same loss at the same weights (aisrl.update.accumulate_gradient). E[D_c] is
-(bias_c^2 + tr Cov(g_c - g_ref)) / |g_ref|^2, so an end point is charged for its noise as well as for its bias.
-One batch's D is a noisy judge of that expectation; the mean over a window of calibrations is a steadier one, but
-it still charges each end point its whole noise. `benchmarks/gradient_bias.py` (`calibration`) measures how well
-such rules pick at fixed weights; on the lab model under MXFP4 neither one batch nor a window of eight picks better
-than token TIS kept fixed, and a run that calibrates at every step does not beat TIS (docs/ais.md section 5).
+full-precision batch, both from the same loss at the same weights (aisrl.update.accumulate_gradient). Over the last
+few calibrations (`correction.calibrate_window`) a rule (RULES, `correction.calibrate_rule`) turns them into the
+weights lambda of the end point trained with, sum_c lambda_c w_c (combine):
+- window keeps the candidate of least mean D. E[D_c] is (bias_c^2 + tr Cov(d_c)) / |g_ref|^2: an end point is
+  charged its whole noise however long the window, so the mean favours the least noisy end point, not the least
+  biased;
+- pooled keeps the one of least |mean d_c|^2, whose noise shrinks with the window: a bias that persists over the
+  window is what adds up over the steps of a run, and what this rule sees;
+- mix takes the mixture sum_c lambda_c d_c of least |mean|^2 (simplex_min), so that biases pointing different
+  ways cancel.
+`benchmarks/gradient_bias.py` (`calibration`) measures how well each rule picks at fixed weights, and docs/ais.md
+section 5 what training with them gives: on the lab model under MXFP4 no rule trained better than token TIS kept
+fixed.
 
 Cost of one calibration: a full-precision rollout of the step's batch, its trainer log-probs, and
-1 + len(candidates) forward-backward passes (the step then trains on its low-precision batch as usual).
+1 + len(candidates) forward-backward passes (the step then trains on its low-precision batch as usual); pooled and
+mix keep len(candidates) x window gradient-sized vectors (and checkpoint them).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -44,33 +52,131 @@ def check_candidates(candidates: list[str]) -> None:
                          f"{candidates}")  # fmt: skip
 
 
-def closest_end_point(
-    candidates: list[str], low: Gradient, reference: torch.Tensor, old_logp, rollout_logp, mask, options,
-    keep: str | None = None, past: Sequence[dict[str, float]] = (),
-) -> tuple[str, dict[str, torch.Tensor]]:  # fmt: skip
-    """(the candidate whose low-precision gradient is nearest `reference`, metrics).
+def simplex_min(M: torch.Tensor) -> torch.Tensor:
+    """(n,) the lambda >= 0 with sum 1 minimising lambda^T M lambda, for a symmetric positive semi-definite (n, n) M.
+
+    The minimum of a convex quadratic over the simplex is the stationary point of the face it lies inside: on the
+    face of support S it solves M_S lambda_S + nu 1 = 0, 1^T lambda_S = 1 (least squares where M_S is singular, as
+    when two candidates' differences cancel exactly). With few candidates every face can be tried (2^n - 1);
+    the least value among the faces whose point has no negative entry is the minimum. Ties go to the smaller face
+    met first (single candidates first, in order).
+    """
+    n = M.shape[0]
+    M = M.double()
+    best, best_val = None, float("inf")
+    for size in range(1, n + 1):
+        for face in itertools.combinations(range(n), size):
+            idx = list(face)
+            kkt = torch.ones(size + 1, size + 1, dtype=M.dtype)  # M_S lambda + nu 1 = 0, 1^T lambda = 1
+            kkt[:size, :size], kkt[size, size] = M[idx][:, idx], 0.0
+            rhs = torch.zeros(size + 1, dtype=M.dtype)
+            rhs[size] = 1.0
+            x = (torch.linalg.pinv(kkt) @ rhs)[:size]  # (size,)
+            if (x < -1e-9).any() or abs(x.sum().item() - 1) > 1e-6:
+                continue
+            lam = torch.zeros(n, dtype=M.dtype)
+            lam[idx] = x.clamp(min=0) / x.clamp(min=0).sum()
+            val = (lam @ M @ lam).item()
+            if best is None or val < best_val - 1e-12 * max(abs(best_val), 1.0):
+                best, best_val = lam, val
+    return best if best is not None else torch.full((n,), 1.0 / n, dtype=M.dtype)
+
+
+def _gram(candidates: list[str], rounds: list[dict]) -> torch.Tensor:
+    """(C, C) <mean_r d_a(r), mean_r d_b(r)> over the calibrations `rounds`, d_c(r) = g_c - g_ref of calibration r
+    (its "diff" row c); a candidate whose mean difference is not finite gets inf on its diagonal."""
+    mean = torch.stack([r["diff"].double() for r in rounds]).mean(0)  # (C, P)
+    finite = torch.isfinite(mean).all(dim=1)  # (C,)
+    mean[~finite] = 0.0
+    M = mean @ mean.T  # (C, C)
+    M[~finite, :] = 0.0
+    M[:, ~finite] = 0.0
+    M[~finite, ~finite] = float("inf")
+    return M
+
+
+def _one_hot(n: int, i: int) -> torch.Tensor:
+    return torch.eye(n, dtype=torch.float64)[i]
+
+
+def _window(candidates: list[str], rounds: list[dict]) -> torch.Tensor:
+    mean = torch.tensor([sum(r[f"calib_dist_{n}"] for r in rounds) / len(rounds) for n in candidates])  # (C,)
+    return _one_hot(len(candidates), int(mean.argmin()))
+
+
+def _pooled(candidates: list[str], rounds: list[dict]) -> torch.Tensor:
+    return _one_hot(len(candidates), int(_gram(candidates, rounds).diagonal().argmin()))
+
+
+def _mix(candidates: list[str], rounds: list[dict]) -> torch.Tensor:
+    M = _gram(candidates, rounds)
+    finite = torch.isfinite(M.diagonal()).nonzero().flatten().tolist()
+    lam = torch.zeros(len(candidates), dtype=torch.float64)
+    lam[finite] = simplex_min(M[finite][:, finite]) if finite else 0.0
+    return lam if finite else _one_hot(len(candidates), 0)
+
+
+RULES: dict[str, Callable[[list[str], list[dict]], torch.Tensor]] = {"window": _window, "pooled": _pooled, "mix": _mix}
+"""How the calibrations of the window give the end point's weights lambda (C,) over the candidates:
+- window: the one candidate of least mean_r D_c(r), D = |d_c|^2 / |g_ref|^2: each calibration's distance, charged
+  with its whole noise;
+- pooled: the one of least |mean_r d_c(r)|^2: the differences themselves are averaged first, so their noise shrinks
+  with the window while a bias that persists over the window stays (what adds up over the steps of a run);
+- mix: the mixture sum_c lambda_c g_c (lambda >= 0, sum 1) of least |mean_r sum_c lambda_c d_c(r)|^2
+  (simplex_min): end points whose biases point different ways partly cancel.
+pooled and mix keep each calibration's (C, P) differences (C the candidates, P the parameters) over the window."""
+
+
+def end_point_weights(
+    candidates: list[str], low: Gradient, reference: torch.Tensor, old_logp, rollout_logp, mask, options, *,
+    rule: str = "window", keep: dict[str, float] | None = None, past: Sequence[dict] = (),
+) -> tuple[dict[str, float], dict[str, torch.Tensor], dict]:  # fmt: skip
+    """(weights {candidate: lambda}, metrics, record): the end point to train with, from this calibration and the
+    earlier ones (`past`, their records).
 
     low(res): the gradient of the low-precision batch trained with correction result `res`; reference: (P,) the
     full-precision batch's uncorrected gradient; old_logp, rollout_logp, mask: the low-precision batch, as for
-    aisrl.correction.correct; options(name): that correction's keyword options (its cap, say).
-    past: the D of earlier calibrations (`calib_dist_<name>` values of their metrics); the pick minimises the mean
-    of D over them and this one. A reference of norm 0 (every full-precision group had equal rewards) measures
-    nothing: the pick is then `keep` (the end point in use; None = the first candidate), and this calibration adds
-    nothing to the mean. Ties go to the first candidate.
-    Metrics: `calib_dist_<name>` = D_c for every candidate and `calib_ref_norm` = |g_ref| (a past calibration is
-    such a dict, as floats).
+    aisrl.correction.correct; options(name): that correction's keyword options (its cap, say); rule: a name in RULES.
+    A reference of norm 0 (every full-precision group had equal rewards) measures nothing: such a calibration is
+    left out, and with nothing measured the weights are `keep` (the end point in use; None = the first candidate).
+    Ties go to the first candidate.
+    Metrics: `calib_dist_<name>` = D_c for every candidate, `calib_ref_norm` = |g_ref|, and for pooled and mix
+    `calib_pooled_<name>` = |mean_r d_c(r)|^2 / mean_r |g_ref(r)|^2 over the window. The record (what `past` holds)
+    is the first two as floats, and for pooled and mix the differences, "diff": (C, P).
     """
+    if rule not in RULES:
+        raise ValueError(f"unknown calibration rule {rule!r}; choose from {sorted(RULES)}")
     ref2 = reference.double().pow(2).sum()
-    dist = {}
+    dist, diffs = {}, []
     for name in candidates:
-        g = low(correct(name, old_logp, rollout_logp, mask, **options(name)))  # (P,)
-        d = (g.double() - reference.double()).pow(2).sum() / ref2.clamp(min=1e-30)
-        dist[name] = torch.nan_to_num(d, nan=float("inf"))  # a non-finite gradient is never the pick
+        d = low(correct(name, old_logp, rollout_logp, mask, **options(name))).double() - reference.double()  # (P,)
+        dist[name] = torch.nan_to_num(d.pow(2).sum() / ref2.clamp(min=1e-30), nan=float("inf"))  # NaN never picked
+        diffs.append(d.float())
     metrics = {f"calib_dist_{n}": d.float() for n, d in dist.items()}
     metrics["calib_ref_norm"] = ref2.sqrt().float()
-    this = {k: v.item() for k, v in metrics.items()}
-    rounds = [m for m in [*past, this] if m["calib_ref_norm"] > 0 and all(f"calib_dist_{n}" in m for n in candidates)]
+    record = {k: v.item() for k, v in metrics.items()}
+    if rule != "window":
+        record["diff"] = torch.stack(diffs)  # (C, P)
+    rounds = [r for r in [*past, record] if r["calib_ref_norm"] > 0 and all(f"calib_dist_{n}" in r for n in candidates)
+              and (rule == "window" or ("diff" in r and r["diff"].shape == record["diff"].shape))]  # fmt: skip
     if not rounds:
-        return (keep if keep in candidates else candidates[0]), metrics
-    mean = {n: sum(m[f"calib_dist_{n}"] for m in rounds) / len(rounds) for n in candidates}
-    return min(candidates, key=lambda n: mean[n]), metrics
+        kept = {n: w for n, w in (keep or {}).items() if n in candidates and w > 0}
+        return (kept or {candidates[0]: 1.0}), metrics, record
+    if rule != "window":
+        scale = sum(r["calib_ref_norm"] ** 2 for r in rounds) / len(rounds)
+        pooled = _gram(candidates, rounds).diagonal() / scale  # (C,)
+        metrics.update({f"calib_pooled_{n}": pooled[i].float() for i, n in enumerate(candidates)})
+    lam = RULES[rule](candidates, rounds)  # (C,)
+    return {n: lam[i].item() for i, n in enumerate(candidates) if lam[i] > 0}, metrics, record
+
+
+def combine(results: dict[str, CorrectionResult], weights: dict[str, float]) -> CorrectionResult:
+    """The correction whose token weights are sum_c lambda_c w_c (the loss is linear in the weights, so its gradient
+    is the same mixture of the candidates' gradients); its mask is the union of theirs and its metrics are those of
+    the candidate of largest lambda. One result is returned as it is."""
+    if len(results) == 1:
+        return next(iter(results.values()))
+    main = max(results, key=lambda n: weights[n])
+    w = sum(weights[n] * r.weights for n, r in results.items())  # (N, T)
+    mask = torch.stack([r.mask for r in results.values()]).any(dim=0)  # (N, T)
+    return CorrectionResult(w, mask, dict(results[main].metrics))

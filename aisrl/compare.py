@@ -49,12 +49,16 @@ REFERENCE = "reference"
 RECIPES = {
     "qarl": ["rollout.align=true", "loss=tbpo", "correction.name=none", "correction.mask_errors=true"],
     "calibrated": ["correction.calibrate_every=1"],
+    "calibrated_pooled": ["correction.calibrate_every=1", "correction.calibrate_rule=pooled"],
+    "calibrated_mix": ["correction.calibrate_every=1", "correction.calibrate_rule=mix"],
     "solrl": ["rollout.pool=16", "correction.name=none"],
 }
 """Methods that are more than a correction: training overrides (QaRL alignment + TBPO + error-token masking;
 Sol-RL: 16 low-precision candidates per prompt, the extremes kept and trained on-policy; calibrated: the
 importance-weighting end point chosen at every step by its distance to a full-precision batch's gradient over the
-last 8 steps, aisrl.calibrate; an experiment, since it samples every batch at full precision too)."""
+last 8 steps, aisrl.calibrate; calibrated_pooled the end point, and calibrated_mix the mixture of end points, whose
+gradient difference from full precision, averaged over the last 8 steps, is least; experiments, since they sample
+every batch at full precision too)."""
 DIAGNOSTICS = ("weight_reliability", "divergence_severity", "variance_amplification")
 FINALS = ("policy_reward", "sampler_reward", "held_reward", "held_accuracy")
 """Scores of each run's final model (aisrl.final_eval), aggregated like the rest."""

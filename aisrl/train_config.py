@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from aisrl.calibrate import check_candidates
+from aisrl.calibrate import RULES, check_candidates
 from aisrl.config import apply_mapping, apply_overrides
 from aisrl.correction import CORRECTIONS, correct, options_of
 from aisrl.lab import LabConfig
@@ -96,9 +96,13 @@ class CorrectionConfig:
     candidates: list[str] = field(default_factory=lambda: ["tis", "prefix_tis", "seq_tis"])
     """The corrections a calibration chooses from (with calibrate_every > 0)."""
     calibrate_window: int = 8
-    """A calibration picks by the mean distance over this many calibrations, the last ones and itself. One batch's
-    distance is a noisy judge, and a mean of them steadies the pick but favours the end point least noisy against
-    full precision, not the least biased (docs/ais.md section 5)."""
+    """A calibration judges by this many calibrations, the last ones and itself (one batch is a noisy judge);
+    calibrate_rule says how."""
+    calibrate_rule: str = "window"
+    """How the window's calibrations give the end point: `window` (the candidate of least mean distance; it favours
+    the end point least noisy against full precision, not the least biased), `pooled` (the one whose gradient
+    difference, averaged over the window, is least), `mix` (the mixture of candidates whose averaged difference is
+    least). aisrl.calibrate.RULES; pooled and mix keep len(candidates) x window gradient-sized vectors."""
     veto: float = 0.0
     """Guard around any correction: drop every sequence in which a token's weight w = pi/mu falls below this (e.g.
     1e-3: a token the trainer finds a thousand times less likely than the sampler did decides the rest of its
@@ -251,6 +255,9 @@ def validate(cfg: TrainConfig) -> None:
                          f"{cfg.correction.calibrate_every}")  # fmt: skip
     if cfg.correction.calibrate_window < 1:
         raise ValueError(f"correction.calibrate_window must be >= 1, got {cfg.correction.calibrate_window}")
+    if cfg.correction.calibrate_rule not in RULES:
+        raise ValueError(f"unknown correction.calibrate_rule {cfg.correction.calibrate_rule!r}; choose from "
+                         f"{sorted(RULES)}")  # fmt: skip
     calibrating = cfg.correction.calibrate_every > 0
     if calibrating:
         check_candidates(cfg.correction.candidates)

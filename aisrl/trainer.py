@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from aisrl.calibrate import closest_end_point
+from aisrl.calibrate import combine, end_point_weights
 from aisrl.checkpoint import (
     atomic_write_text,
     latest_checkpoint,
@@ -199,12 +199,14 @@ def train(cfg: TrainConfig, log=print) -> dict:
                          f"prompts_per_step={cfg.prompts_per_step} and one held-out problem")  # fmt: skip
 
     record_config(out, dataclasses.asdict(cfg), write=rank == 0)  # everything built: this run is under way
-    start, prev_alpha, history, end_point, past = 0, None, [], cfg.correction.name, []
+    start, prev_alpha, history, end_point, past = 0, None, [], {cfg.correction.name: 1.0}, []
     ckpt = latest_checkpoint(out)
     if ckpt is not None:
         state = load_checkpoint(ckpt, model, opt)
         start, prev_alpha, history = state["step"], state["extra"].get("prev_alpha"), state["extra"].get("k3", [])
-        end_point = state["extra"].get("end_point", end_point)  # the last calibration's pick, and what it averaged
+        if "end_point" in state["extra"]:  # the last calibration's pick (a name in checkpoints before mixtures)
+            picked = state["extra"]["end_point"]
+            end_point = picked if isinstance(picked, dict) else {picked: 1.0}
         past = state["extra"].get("calibrations", [])
         sched.last_epoch = start  # the optimizer's restored lr is already the one for step start + 1
         sync(merged_state(model))
@@ -263,21 +265,25 @@ def train(cfg: TrainConfig, log=print) -> dict:
         score = functools.partial(_score_at, policy, step=step, precision=cfg.precision)  # (diffusion: its seed)
         calibration = {}
         k = cfg.correction.calibrate_every  # calibrate on schedule, or first thing where no pick is known yet
-        if k and ((step - 1) % k == 0 or end_point not in cfg.correction.candidates):
+        if k and ((step - 1) % k == 0 or not set(end_point) <= set(cfg.correction.candidates)):
             t0 = time.perf_counter()
             batch = (prompts, problems, seeds)
             g_full = _full_precision_gradient(cfg, model, ref, policy, task, tok, batch, step, score)
             low = functools.partial(_gradient, cfg, model, ref, r, old_logp, adv, score=score, policy=policy)
             options = functools.partial(correction_options, cfg, prev_alpha)
-            end_point, calibration = closest_end_point(cfg.correction.candidates, low, g_full, old_logp, r.rollout_logp,
-                                                       r.completion_mask, options, end_point, past)  # fmt: skip
-            past.append({name: v.item() for name, v in calibration.items()})
+            end_point, calibration, record = end_point_weights(
+                cfg.correction.candidates, low, g_full, old_logp, r.rollout_logp, r.completion_mask, options,
+                rule=cfg.correction.calibrate_rule, keep=end_point, past=past)  # fmt: skip
+            past.append(record)
             t["time_calibrate"] = time.perf_counter() - t0
-        if cfg.correction.calibrate_every:
-            calibration["end_point"] = torch.tensor(float(cfg.correction.candidates.index(end_point)))
+        if cfg.correction.calibrate_every:  # the candidate of largest weight, and every weight
+            main = cfg.correction.candidates.index(max(end_point, key=end_point.get))
+            calibration["end_point"] = torch.tensor(float(main))
+            calibration.update({f"end_weight_{n}": torch.tensor(end_point.get(n, 0.0))
+                                for n in cfg.correction.candidates})  # fmt: skip
         t0 = time.perf_counter()
-        res = correct(end_point, old_logp, r.rollout_logp, r.completion_mask,
-                      **correction_options(cfg, prev_alpha, end_point))  # fmt: skip
+        res = combine({name: correct(name, old_logp, r.rollout_logp, r.completion_mask,
+                                     **correction_options(cfg, prev_alpha, name)) for name in end_point}, end_point)
         errors = error_tokens(r.completion_ids, r.completion_mask, old_logp - r.rollout_logp)  # (N, T)
         (n_err,) = all_sum(errors.sum().double())
         res.metrics["error_token_frac"] = n_err / res.metrics["num_tokens"].clamp(min=1)

@@ -46,6 +46,7 @@ import torch
 from aisrl.bench.one_step import one_step
 from aisrl.bench.report import machine, update_section, write_json
 from aisrl.branch import recorded_base
+from aisrl.calibrate import simplex_min
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,11 +70,12 @@ class Gram:
         keep = torch.tensor([j for j in range(self.G.shape[0]) if j % self.K not in salts])
         return Gram(self.G[keep][:, keep], self.K - len(salts), self.index)
 
-    def diff_block(self, name: str) -> torch.Tensor:
-        """(K, K) inner products <d(i), d(j)> of the paired differences d(i) = g_name(i) - g_ref(i)."""
+    def diff_block(self, name: str, other: str | None = None) -> torch.Tensor:
+        """(K, K) inner products <d_name(i), d_other(j)> of the paired differences d_m(i) = g_m(i) - g_ref(i)
+        (other: by default name itself)."""
         K, G = self.K, self.G
-        m, r = self.index[name] * K, self.index["ref"] * K
-        return G[m : m + K, m : m + K] - G[m : m + K, r : r + K] - G[r : r + K, m : m + K] + G[r : r + K, r : r + K]
+        a, b, r = self.index[name] * K, self.index[other or name] * K, self.index["ref"] * K
+        return G[a : a + K, b : b + K] - G[a : a + K, r : r + K] - G[r : r + K, b : b + K] + G[r : r + K, r : r + K]
 
     def stats(self, x: dict[str, float], y: dict[str, float]) -> tuple[float, float]:
         """(<mean x, mean y>, tr Cov(x, y)) for the per-salt vectors x(i) = sum_n x[n] g_n(i) and y(i) alike; the
@@ -142,15 +144,26 @@ def calibration(gram: Gram, choose: list[str], sizes: list[int], horizons: list[
       one step);
     - window: the least mean_i |d_m(i)|^2, which estimates bias2 + tr Cov(d_m) (the trainer's rule, its D averaged
       over `correction.calibrate_window` calibrations, while the weights barely move).
-    For c = 1 they agree. The pick is judged on the other salts: its bias2 and err@10 there, against each estimator
-    kept fixed, on the same salts.
+    - mix: not one end point but the mixture sum_m lambda_m g_m (lambda >= 0, sum 1) with the least
+      |mean_i sum_m lambda_m d_m(i)|^2 (aisrl.calibrate.simplex_min; the trainer's `correction.calibrate_rule=mix`).
+    For c = 1 pooled and window agree. The pick is judged on the other salts: its bias2 and err@10 there, against
+    each estimator kept fixed, on the same salts; `picks` are the mean lambda of each estimator.
     """
     out = {}
-    blocks = {m: gram.diff_block(m) for m in choose}
+    cross = {(a, b): gram.diff_block(a, b) for a in choose for b in choose}  # (K, K) <d_a(i), d_b(j)>
     h = 10 if 10 in horizons else horizons[0]
     keys = ("bias2", f"err@{h}")
-    rules = {"pooled": lambda m, g: blocks[m][g, g].mean().item(),  # |mean d|^2
-             "window": lambda m, g: blocks[m][g, g].trace().item()}  # c * mean |d|^2  # fmt: skip
+    n = len(choose)
+
+    def one_hot(m: str) -> torch.Tensor:
+        return torch.eye(n, dtype=torch.float64)[choose.index(m)]
+
+    def pooled_gram(g: slice) -> torch.Tensor:  # (n, n) <mean_i d_a(i), mean_j d_b(j)> over the group
+        return torch.tensor([[cross[a, b][g, g].mean().item() for b in choose] for a in choose], dtype=torch.float64)
+
+    rules = {"pooled": lambda g: one_hot(min(choose, key=lambda m: cross[m, m][g, g].mean().item())),  # |mean d|^2
+             "window": lambda g: one_hot(min(choose, key=lambda m: cross[m, m][g, g].trace().item())),  # mean |d|^2
+             "mix": lambda g: simplex_min(pooled_gram(g))}  # fmt: skip
     for c in sizes:
         picks = {r: [] for r in rules}
         chosen = {r: {k: [] for k in keys} for r in rules}
@@ -158,17 +171,18 @@ def calibration(gram: Gram, choose: list[str], sizes: list[int], horizons: list[
         for start in range(0, gram.K - c + 1, c):
             group = slice(start, start + c)
             rest = gram.drop(*range(start, start + c))
-            figs = {m: figures(rest, {m: 1.0}, [h]) for m in choose}
             for m in choose:
+                fig = figures(rest, {m: 1.0}, [h])
                 for k in keys:
-                    fixed[m][k].append(figs[m][k])
-            for r, judge in rules.items():
-                pick = min(choose, key=lambda m: judge(m, group))  # noqa: B023
-                picks[r].append(pick)
+                    fixed[m][k].append(fig[k])
+            for r, rule in rules.items():
+                lam = rule(group)  # (n,)
+                picks[r].append(lam)
+                fig = figures(rest, {m: lam[i].item() for i, m in enumerate(choose) if lam[i] > 0}, [h])
                 for k in keys:
-                    chosen[r][k].append(figs[pick][k])
+                    chosen[r][k].append(fig[k])
         out[c] = {"groups": len(picks["pooled"]),
-                  **{r: {"picks": {m: picks[r].count(m) / len(picks[r]) for m in choose},
+                  **{r: {"picks": dict(zip(choose, torch.stack(picks[r]).mean(0).tolist(), strict=True)),
                          **{k: statistics.fmean(v) for k, v in chosen[r].items()}} for r in rules},
                   "fixed": {m: {k: statistics.fmean(v) for k, v in f.items()} for m, f in fixed.items()}}  # fmt: skip
     return out
@@ -201,16 +215,18 @@ def section(out: dict) -> str:
         cal = res["calibration"]
         names = list(next(iter(cal.values()))["fixed"])
         lines += ["", "End point picked from c full-precision batches (`calibration`: pooled = least |mean d_m|^2, "
-                  "c batches at one step; window = least mean |d_m|^2, the trainer's `correction.calibrate_window`), "
-                  "judged on the other salts; bias^2 / err@10, mean over groups:", "",
+                  "c batches at one step; window = least mean |d_m|^2; mix = the mixture of least |mean d|^2, picked "
+                  "= mean weights), judged on the other salts; bias^2 / err@10, mean over groups:", "",
                   "| c | rule | picked | the pick | " + " | ".join(f"`{n}` fixed" for n in names) + " |",
                   "|---" * (4 + len(names)) + "|"]  # fmt: skip
         for c, r in cal.items():
             fixed = " | ".join(f"{v['bias2']:.3g} / {v['err@10']:.3g}" for v in r["fixed"].values())
-            for rule in ("pooled", "window") if int(c) > 1 else ("pooled",):
+            for rule in ("pooled", "window", "mix") if int(c) > 1 else ("pooled", "mix"):
+                if rule not in r:  # results written before the mix rule
+                    continue
                 x = r[rule]
-                picked = ", ".join(f"{n} {f:.0%}" for n, f in x["picks"].items() if f)
-                label = rule if int(c) > 1 else "one batch"
+                picked = ", ".join(f"{n} {f:.0%}" for n, f in x["picks"].items() if f > 0.005)
+                label = rule if int(c) > 1 or rule == "mix" else "one batch"
                 lines.append(f"| {c} | {label} | {picked} | {x['bias2']:.3g} / {x['err@10']:.3g} | {fixed} |")
     return "\n".join(lines)
 

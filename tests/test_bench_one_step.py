@@ -120,4 +120,11 @@ def test_calibration_picks_the_unbiased_end_point_once_enough_pooled_batches_ave
     assert cal[1]["pooled"]["bias2"] == pytest.approx(0.64, abs=0.05)
     assert cal[8]["pooled"]["bias2"] == pytest.approx(0.0, abs=0.05)
     assert cal[8]["fixed"]["biased"]["bias2"] == pytest.approx(0.64, abs=0.05)
+    # mix: with eight pooled, <mean d_a, mean d_b> ~ diag(0.64 + 0.05 / 8, 2.0 / 8) (independent noises), whose
+    # least mixture puts 0.25 / (0.646 + 0.25) = 0.279 on the biased end point: bias^2 0.279^2 * 0.64 = 0.050, and
+    # noise 0.5 + 0.721^2 * 2.0 = 1.54 per batch, so err@10 ~ 0.20 beats the unbiased pick's 0.25
+    mix = cal[8]["mix"]
+    assert mix["picks"]["biased"] == pytest.approx(0.279, abs=0.05)
+    assert mix["bias2"] == pytest.approx(0.050, abs=0.03)
+    assert mix["err@10"] == pytest.approx(0.20, abs=0.03) and mix["err@10"] < cal[8]["pooled"]["err@10"]
     assert "calibration" not in gb.measure(g_ref, {"tis": g_ref}, [1])  # one end point: nothing to choose

@@ -7,10 +7,17 @@ import pytest
 import torch
 from conftest import TINY_LAB
 
-from aisrl.calibrate import check_candidates, closest_end_point
+from aisrl.calibrate import check_candidates, combine, end_point_weights, simplex_min
 from aisrl.correction import correct
 from aisrl.train_config import load_config, validate
 from aisrl.trainer import train
+
+
+def closest_end_point(candidates, low, ref, old, roll, mask, options, keep=None, past=()):
+    """The window rule's pick, a name, and the metrics."""
+    w, m, _ = end_point_weights(candidates, low, ref, old, roll, mask, options, keep=keep and {keep: 1.0}, past=past)
+    assert list(w.values()) == [1.0]
+    return next(iter(w)), m
 
 
 @pytest.fixture(autouse=True)
@@ -69,6 +76,72 @@ def test_the_pick_averages_the_distances_of_past_calibrations():
     assert pick == "prefix_tis"
 
 
+def test_simplex_min_matches_a_grid_search_over_the_simplex():
+    # diagonal M: lambda proportional to 1 / M_ii, value 1 / sum(1 / M_ii)
+    lam = simplex_min(torch.diag(torch.tensor([1.0, 4.0, 9.0])))
+    inv = torch.tensor([1.0, 1 / 4, 1 / 9], dtype=torch.float64)
+    assert torch.allclose(lam, inv / inv.sum())
+    # two end points whose differences point the same way: the least one alone, an edge of the simplex
+    d = torch.tensor([[1.0, 0.0], [2.0, 0.0], [3.0, 1.0]])
+    assert simplex_min(d @ d.T).tolist() == [1.0, 0.0, 0.0]
+    # opposite biases cancel: (1, 0) and (-1, 0) half and half, the third unused
+    d = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0]])
+    assert torch.allclose(simplex_min(d @ d.T), torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64))
+    gen = torch.Generator().manual_seed(0)
+    grid = torch.tensor([(i / 60, j / 60, 1 - (i + j) / 60) for i in range(61) for j in range(61 - i)],
+                        dtype=torch.float64)  # (1891, 3)  # fmt: skip
+    for _ in range(5):
+        d = torch.randn(3, 4, generator=gen, dtype=torch.float64) + torch.randn(4, generator=gen, dtype=torch.float64)
+        M = d @ d.T
+        lam = simplex_min(M)
+        assert lam.min() >= 0 and lam.sum().item() == pytest.approx(1.0)
+        assert lam @ M @ lam <= ((grid @ M) * grid).sum(1).min() + 1e-12  # at least as low as the best grid point
+
+
+def test_pooled_and_mix_average_the_differences_not_the_distances():
+    old, roll, mask = torch.tensor([[0.0, -1.0]]), torch.tensor([[-0.5, 0.0]]), torch.ones(1, 2, dtype=torch.bool)
+    low = lambda res: res.weights[0]  # noqa: E731  tis (cap 2): (1.6487, 0.3679); seq_tis: (0.6065, 0.6065)
+    ref = torch.tensor([1.0, 0.5])  # d_tis = (0.6487, -0.1321), d_seq = (-0.3935, 0.1065)
+    # an earlier calibration: tis's difference then was the opposite of now, seq_tis's the same as now
+    past = [{"calib_dist_tis": 0.3, "calib_dist_seq_tis": 0.1, "calib_ref_norm": 1.0,
+             "diff": torch.tensor([[-0.6487, 0.1321], [-0.3935, 0.1065]])}]  # fmt: skip
+    args = (["tis", "seq_tis"], low, ref, old, roll, mask, lambda n: {"cap": 2.0})
+    # window: mean D, tis (0.3506 + 0.3) / 2 > seq_tis (0.1329 + 0.1) / 2
+    w, m, rec = end_point_weights(*args, rule="window", past=past)
+    assert w == {"seq_tis": 1.0} and "diff" not in rec
+    assert m["calib_dist_tis"].item() == pytest.approx((0.6487**2 + 0.1321**2) / 1.25, rel=1e-3)
+    # pooled: tis's differences cancel (mean 0), seq_tis's stay
+    w, m, rec = end_point_weights(*args, rule="pooled", past=past)
+    assert w == {"tis": 1.0} and rec["diff"].shape == (2, 2)
+    assert m["calib_pooled_tis"].item() == pytest.approx(0.0, abs=1e-6)
+    assert m["calib_pooled_seq_tis"].item() == pytest.approx((0.3935**2 + 0.1065**2) / ((1.0 + 1.25) / 2), rel=1e-3)
+    # mix: with a persistent difference on both, opposite ones cancel in a mixture
+    past = [{"calib_dist_tis": 0.3, "calib_dist_seq_tis": 0.1, "calib_ref_norm": 1.0,
+             "diff": torch.tensor([[0.6487, -0.1321], [-0.3935, 0.1065]])}]  # fmt: skip
+    w, _, _ = end_point_weights(*args, rule="mix", past=past)
+    # minimise |l d_tis + (1 - l) d_seq|^2 over l in [0, 1]: l = -<d_s, d_t - d_s> / |d_t - d_s|^2
+    dt, ds = torch.tensor([0.6487, -0.1321]), torch.tensor([-0.3935, 0.1065])
+    best = (-(ds @ (dt - ds)) / (dt - ds).pow(2).sum()).item()
+    assert w["tis"] == pytest.approx(best, rel=1e-3) and w["seq_tis"] == pytest.approx(1 - best, rel=1e-3)
+    # an earlier calibration of other candidates (another shape) is left out, and unknown rules are refused
+    w, _, _ = end_point_weights(*args, rule="pooled", past=[{**past[0], "diff": torch.zeros(3, 2)}])
+    assert w == {"seq_tis": 1.0}  # this calibration alone: |d_seq|^2 < |d_tis|^2
+    with pytest.raises(ValueError, match=r"unknown calibration rule 'best'; choose from \['mix', 'pooled', 'window'\]"):
+        end_point_weights(*args, rule="best")
+
+
+def test_combine_mixes_the_token_weights():
+    old, roll = torch.tensor([[0.0, -1.0], [0.0, 0.0]]), torch.tensor([[-0.5, 0.0], [0.0, 0.0]])
+    mask = torch.tensor([[True, True], [True, False]])
+    tis, seq = correct("tis", old, roll, mask, cap=2.0), correct("seq_tis", old, roll, mask, cap=2.0)
+    res = combine({"tis": tis, "seq_tis": seq}, {"tis": 0.3, "seq_tis": 0.7})
+    assert torch.allclose(res.weights, 0.3 * tis.weights + 0.7 * seq.weights)
+    assert res.weights[1, 1] == 0 and res.mask.tolist() == mask.tolist()
+    assert res.metrics == seq.metrics and res.metrics is not seq.metrics  # the larger weight's, copied: the trainer
+    # adds its own metrics to the result's
+    assert combine({"tis": tis}, {"tis": 1.0}) is tis
+
+
 def test_candidates_and_settings_are_checked_before_anything_is_built():
     with pytest.raises(ValueError, match=r"unknown correction\(s\) \['tiss'\]"):
         check_candidates(["tis", "tiss"])
@@ -77,6 +150,7 @@ def test_candidates_and_settings_are_checked_before_anything_is_built():
     for bad, match in [("correction.calibrate_every=-1", "calibrate_every must be 0"),
                        ("correction.bypass=true", "correction.bypass=false"),
                        ("correction.calibrate_window=0", "calibrate_window must be >= 1"),
+                       ("correction.calibrate_rule=best", r"unknown correction.calibrate_rule 'best'; choose from"),
                        ("correction.alpha=0.5", r"'tis' got unknown option\(s\) \['alpha'\]")]:  # fmt: skip
         with pytest.raises(ValueError, match=match):
             validate(load_config("lab", ["correction.calibrate_every=2", "correction.cap=3", bad]))
@@ -112,19 +186,40 @@ def test_trainer_calibrates_on_schedule_and_trains_with_the_pick(tmp_path, monke
     assert [n for n in seen if n != "none"] == picks  # what each step trained with (the reference is "none")
 
 
-def test_a_resumed_run_keeps_its_pick_and_the_calibrations_it_averages(tmp_path, monkeypatch):
+def test_the_trainer_trains_with_the_mixture_it_logs(tmp_path, monkeypatch):
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    seen = []
+    monkeypatch.setattr("aisrl.trainer.correct", lambda name, *a, **k: seen.append(name) or correct(name, *a, **k))
+    mixed = []
+    monkeypatch.setattr("aisrl.trainer.combine", lambda res, w: mixed.append(dict(w)) or combine(res, w))
+    out = tmp_path / "run"
+    train(load_config("lab", [*TINY_LAB, "max_steps=3", f"output_dir={out}", "rollout.quant=fp8_e4m3_w8a8",
+                              "correction.calibrate_every=1", "correction.calibrate_rule=mix"]), log=lambda _: None)
+    r = rows(out)
+    names = ["tis", "prefix_tis", "seq_tis"]
+    for x, w in zip(r, mixed, strict=True):
+        lam = [x[f"end_weight_{n}"] for n in names]
+        assert sum(lam) == pytest.approx(1.0) and min(lam) >= 0
+        assert w == pytest.approx({n: v for n, v in zip(names, lam, strict=True) if v > 0})
+        assert x["end_point"] == lam.index(max(lam)) and all(f"calib_pooled_{n}" in x for n in names)
+    assert [n for n in seen if n != "none"] == [n for w in mixed for n in w]  # each weighted candidate, every step
+
+
+@pytest.mark.parametrize("rule", ["window", "mix"])
+def test_a_resumed_run_keeps_its_pick_and_the_calibrations_it_averages(tmp_path, monkeypatch, rule):
     monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
     a, b = tmp_path / "a", tmp_path / "b"
     base = [*TINY_LAB, "rollout.quant=fp8_e4m3_w8a8", "checkpoint_every=2", "correction.calibrate_every=2",
-            "correction.calibrate_window=2"]  # fmt: skip
+            "correction.calibrate_window=2", f"correction.calibrate_rule={rule}"]  # fmt: skip
     train(load_config("lab", [*base, "max_steps=4", f"output_dir={a}"]), log=lambda _: None)
     train(load_config("lab", [*base, "max_steps=2", f"output_dir={b}"]), log=lambda _: None)
     train(load_config("lab", [*base, "max_steps=4", f"output_dir={b}"]), log=lambda _: None)
     ra, rb = rows(a), rows(b)
     assert "calib_dist_tis" not in rb[1]  # step 2 is no calibration step: its pick came from step 1
     names = ["tis", "prefix_tis", "seq_tis"]  # the default candidates
-    mean = [(rb[0][f"calib_dist_{n}"] + rb[2][f"calib_dist_{n}"]) / 2 for n in names]
-    assert rb[2]["end_point"] == mean.index(min(mean))  # step 3 averaged step 1's calibration, kept by the checkpoint
-    for x, y in zip(ra, rb, strict=True):
-        for key in ("end_point", "reward", "k3_kl", "loss"):
+    if rule == "window":
+        mean = [(rb[0][f"calib_dist_{n}"] + rb[2][f"calib_dist_{n}"]) / 2 for n in names]
+        assert rb[2]["end_point"] == mean.index(min(mean))  # step 3 averaged step 1's calibration, from the checkpoint
+    for x, y in zip(ra, rb, strict=True):  # mix: step 3's weights pooled step 1's differences, from the checkpoint
+        for key in ("end_point", "reward", "k3_kl", "loss", *(f"end_weight_{n}" for n in names)):
             assert x[key] == y[key], key
