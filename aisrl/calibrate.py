@@ -22,12 +22,11 @@ weights lambda of the end point trained with, sum_c lambda_c w_c (combine):
 - mix takes the mixture sum_c lambda_c d_c of least |mean|^2 (simplex_min), so that biases pointing different
   ways cancel.
 `benchmarks/gradient_bias.py` (`calibration`) measures how well each rule picks at fixed weights, and docs/ais.md
-section 5 what training with them gives: on the lab model under MXFP4 no rule trained better than token TIS kept
-fixed.
+section 5 what training with the window and pooled rules gives on the lab model under MXFP4.
 
 Cost of one calibration: a full-precision rollout of the step's batch, its trainer log-probs, and
 1 + len(candidates) forward-backward passes (the step then trains on its low-precision batch as usual); pooled and
-mix keep len(candidates) x window gradient-sized vectors (and checkpoint them).
+mix keep len(candidates) x window gradient-sized vectors (window - 1 of them in each checkpoint).
 """
 
 from __future__ import annotations
@@ -42,27 +41,20 @@ from aisrl.correction import CORRECTIONS, CorrectionResult, correct
 Gradient = Callable[[CorrectionResult], torch.Tensor]  # a correction's result -> the flat gradient it gives (P,)
 
 
-def check_candidates(candidates: list[str]) -> None:
-    """Raise ValueError unless `candidates` names two or more distinct corrections."""
-    unknown = [c for c in candidates if c not in CORRECTIONS]
-    if unknown:
-        raise ValueError(f"correction.candidates: unknown correction(s) {unknown}; choose from {sorted(CORRECTIONS)}")
-    if len(set(candidates)) < 2:
-        raise ValueError(f"correction.candidates needs two or more distinct corrections to choose from, got "
-                         f"{candidates}")  # fmt: skip
-
-
 def simplex_min(M: torch.Tensor) -> torch.Tensor:
     """(n,) the lambda >= 0 with sum 1 minimising lambda^T M lambda, for a symmetric positive semi-definite (n, n) M.
 
     The minimum of a convex quadratic over the simplex is the stationary point of the face it lies inside: on the
     face of support S it solves M_S lambda_S + nu 1 = 0, 1^T lambda_S = 1 (least squares where M_S is singular, as
     when two candidates' differences cancel exactly). With few candidates every face can be tried (2^n - 1);
-    the least value among the faces whose point has no negative entry is the minimum. Ties go to the smaller face
-    met first (single candidates first, in order).
+    the least value among the faces whose point has no negative entry is the minimum. M is first divided by its
+    largest diagonal entry (the minimiser does not depend on the scale, the tolerances would). Ties go to the
+    smaller face met first (single candidates first, in order).
     """
     n = M.shape[0]
     M = M.double()
+    top = M.diagonal().abs().max()
+    M = M / top if top > 0 else M
     best, best_val = None, float("inf")
     for size in range(1, n + 1):
         for face in itertools.combinations(range(n), size):
@@ -77,54 +69,79 @@ def simplex_min(M: torch.Tensor) -> torch.Tensor:
             lam = torch.zeros(n, dtype=M.dtype)
             lam[idx] = x.clamp(min=0) / x.clamp(min=0).sum()
             val = (lam @ M @ lam).item()
-            if best is None or val < best_val - 1e-12 * max(abs(best_val), 1.0):
+            if best is None or val < best_val - 1e-12:
                 best, best_val = lam, val
     return best if best is not None else torch.full((n,), 1.0 / n, dtype=M.dtype)
 
 
-def _gram(candidates: list[str], rounds: list[dict]) -> torch.Tensor:
+def _gram(rounds: list[dict]) -> torch.Tensor:
     """(C, C) <mean_r d_a(r), mean_r d_b(r)> over the calibrations `rounds`, d_c(r) = g_c - g_ref of calibration r
-    (its "diff" row c); a candidate whose mean difference is not finite gets inf on its diagonal."""
-    mean = torch.stack([r["diff"].double() for r in rounds]).mean(0)  # (C, P)
+    (its "diff" row c); a candidate whose mean difference is not finite gets inf on its diagonal, 0 elsewhere."""
+    mean = torch.zeros(rounds[0]["diff"].shape, dtype=torch.float64)  # (C, P), summed in place
+    for r in rounds:
+        mean += r["diff"]
+    mean /= len(rounds)
     finite = torch.isfinite(mean).all(dim=1)  # (C,)
     mean[~finite] = 0.0
     M = mean @ mean.T  # (C, C)
-    M[~finite, :] = 0.0
-    M[:, ~finite] = 0.0
-    M[~finite, ~finite] = float("inf")
+    M.diagonal()[~finite] = float("inf")
     return M
 
 
-def _one_hot(n: int, i: int) -> torch.Tensor:
-    return torch.eye(n, dtype=torch.float64)[i]
+def _least(x: torch.Tensor) -> torch.Tensor | None:
+    """One-hot (C,) at the least finite entry of x (the first on ties); None if none is finite."""
+    if not torch.isfinite(x).any():
+        return None
+    return torch.eye(len(x), dtype=torch.float64)[int(torch.nan_to_num(x, nan=float("inf")).argmin())]
 
 
-def _window(candidates: list[str], rounds: list[dict]) -> torch.Tensor:
-    mean = torch.tensor([sum(r[f"calib_dist_{n}"] for r in rounds) / len(rounds) for n in candidates])  # (C,)
-    return _one_hot(len(candidates), int(mean.argmin()))
-
-
-def _pooled(candidates: list[str], rounds: list[dict]) -> torch.Tensor:
-    return _one_hot(len(candidates), int(_gram(candidates, rounds).diagonal().argmin()))
-
-
-def _mix(candidates: list[str], rounds: list[dict]) -> torch.Tensor:
-    M = _gram(candidates, rounds)
+def _mix(M: torch.Tensor) -> torch.Tensor | None:
     finite = torch.isfinite(M.diagonal()).nonzero().flatten().tolist()
-    lam = torch.zeros(len(candidates), dtype=torch.float64)
-    lam[finite] = simplex_min(M[finite][:, finite]) if finite else 0.0
-    return lam if finite else _one_hot(len(candidates), 0)
+    if not finite:
+        return None
+    lam = torch.zeros(M.shape[0], dtype=torch.float64)
+    lam[finite] = simplex_min(M[finite][:, finite])
+    return lam
 
 
-RULES: dict[str, Callable[[list[str], list[dict]], torch.Tensor]] = {"window": _window, "pooled": _pooled, "mix": _mix}
-"""How the calibrations of the window give the end point's weights lambda (C,) over the candidates:
+RULES: dict[str, Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor | None]] = {
+    "window": lambda dist, gram: _least(dist),
+    "pooled": lambda dist, gram: _least(gram.diagonal()),
+    "mix": lambda dist, gram: _mix(gram),
+}
+"""How the calibrations of the window give the end point's weights lambda (C,) over the candidates, from the mean
+distances (C,) and, for the pooling rules, the Gram matrix (C, C) of the mean differences (None: nothing finite):
 - window: the one candidate of least mean_r D_c(r), D = |d_c|^2 / |g_ref|^2: each calibration's distance, charged
   with its whole noise;
 - pooled: the one of least |mean_r d_c(r)|^2: the differences themselves are averaged first, so their noise shrinks
   with the window while a bias that persists over the window stays (what adds up over the steps of a run);
 - mix: the mixture sum_c lambda_c g_c (lambda >= 0, sum 1) of least |mean_r sum_c lambda_c d_c(r)|^2
   (simplex_min): end points whose biases point different ways partly cancel.
-pooled and mix keep each calibration's (C, P) differences (C the candidates, P the parameters) over the window."""
+The pooling rules keep each calibration's (C, P) differences (C the candidates, P the parameters) over the window."""
+POOLING = ("pooled", "mix")
+
+
+def check_candidates(candidates: list[str]) -> None:
+    """Raise ValueError unless `candidates` names two or more distinct corrections."""
+    unknown = [c for c in candidates if c not in CORRECTIONS]
+    if unknown:
+        raise ValueError(f"correction.candidates: unknown correction(s) {unknown}; choose from {sorted(CORRECTIONS)}")
+    if len(set(candidates)) < 2:
+        raise ValueError(f"correction.candidates needs two or more distinct corrections to choose from, got "
+                         f"{candidates}")  # fmt: skip
+
+
+def check_mixable(candidates: list[str], options: Callable[[str], dict]) -> None:
+    """Raise ValueError unless every candidate reweights every token (the mix rule's condition): a mixture of token
+    weights is the same mixture of gradients only where the candidates keep the same tokens, since the loss divides
+    by the number kept. options(name): that correction's keyword options. The probe is a batch with log-ratios from
+    -4 to 4, of which a rejecting correction drops some."""
+    old, mask = torch.linspace(-4, 4, 17).reshape(1, -1), torch.ones(1, 17, dtype=torch.bool)
+    rejecting = [c for c in candidates if not correct(c, old, torch.zeros_like(old), mask, **options(c)).mask.all()]
+    if rejecting:
+        raise ValueError(f"correction.calibrate_rule=mix mixes token weights, which needs corrections that keep every "
+                         f"token; {rejecting} reject tokens: drop them from correction.candidates or use "
+                         f"calibrate_rule=pooled")  # fmt: skip
 
 
 def end_point_weights(
@@ -137,9 +154,9 @@ def end_point_weights(
     low(res): the gradient of the low-precision batch trained with correction result `res`; reference: (P,) the
     full-precision batch's uncorrected gradient; old_logp, rollout_logp, mask: the low-precision batch, as for
     aisrl.correction.correct; options(name): that correction's keyword options (its cap, say); rule: a name in RULES.
-    A reference of norm 0 (every full-precision group had equal rewards) measures nothing: such a calibration is
-    left out, and with nothing measured the weights are `keep` (the end point in use; None = the first candidate).
-    Ties go to the first candidate.
+    A reference of norm 0 or not finite (every full-precision group had equal rewards, or it overflowed) measures
+    nothing: such a calibration is left out. With nothing measured, or no candidate finite, the weights are `keep`
+    (the end point in use; None = the first candidate). Ties go to the first candidate.
     Metrics: `calib_dist_<name>` = D_c for every candidate, `calib_ref_norm` = |g_ref|, and for pooled and mix
     `calib_pooled_<name>` = |mean_r d_c(r)|^2 / mean_r |g_ref(r)|^2 over the window. The record (what `past` holds)
     is the first two as floats, and for pooled and mix the differences, "diff": (C, P).
@@ -155,25 +172,31 @@ def end_point_weights(
     metrics = {f"calib_dist_{n}": d.float() for n, d in dist.items()}
     metrics["calib_ref_norm"] = ref2.sqrt().float()
     record = {k: v.item() for k, v in metrics.items()}
-    if rule != "window":
+    if rule in POOLING:
         record["diff"] = torch.stack(diffs)  # (C, P)
-    rounds = [r for r in [*past, record] if r["calib_ref_norm"] > 0 and all(f"calib_dist_{n}" in r for n in candidates)
-              and (rule == "window" or ("diff" in r and r["diff"].shape == record["diff"].shape))]  # fmt: skip
-    if not rounds:
+    rounds = [r for r in [*past, record] if 0 < r["calib_ref_norm"] < float("inf")
+              and all(f"calib_dist_{n}" in r for n in candidates)
+              and (rule not in POOLING or ("diff" in r and r["diff"].shape == record["diff"].shape))]  # fmt: skip
+    lam, gram = None, None
+    if rounds:
+        mean = torch.tensor([sum(r[f"calib_dist_{n}"] for r in rounds) / len(rounds) for n in candidates],
+                            dtype=torch.float64)  # (C,)  # fmt: skip
+        if rule in POOLING:
+            gram = _gram(rounds) / (sum(r["calib_ref_norm"] ** 2 for r in rounds) / len(rounds))  # (C, C)
+            metrics.update({f"calib_pooled_{n}": gram[i, i].float() for i, n in enumerate(candidates)})
+        lam = RULES[rule](mean, gram)  # (C,) or None
+    if lam is None:
         kept = {n: w for n, w in (keep or {}).items() if n in candidates and w > 0}
-        return (kept or {candidates[0]: 1.0}), metrics, record
-    if rule != "window":
-        scale = sum(r["calib_ref_norm"] ** 2 for r in rounds) / len(rounds)
-        pooled = _gram(candidates, rounds).diagonal() / scale  # (C,)
-        metrics.update({f"calib_pooled_{n}": pooled[i].float() for i, n in enumerate(candidates)})
-    lam = RULES[rule](candidates, rounds)  # (C,)
+        total = sum(kept.values())
+        return ({n: w / total for n, w in kept.items()} or {candidates[0]: 1.0}), metrics, record
     return {n: lam[i].item() for i, n in enumerate(candidates) if lam[i] > 0}, metrics, record
 
 
 def combine(results: dict[str, CorrectionResult], weights: dict[str, float]) -> CorrectionResult:
-    """The correction whose token weights are sum_c lambda_c w_c (the loss is linear in the weights, so its gradient
-    is the same mixture of the candidates' gradients); its mask is the union of theirs and its metrics are those of
-    the candidate of largest lambda. One result is returned as it is."""
+    """The correction whose token weights are sum_c lambda_c w_c; its mask is the union of theirs and its metrics are
+    those of the candidate of largest lambda. Where the candidates keep the same tokens (check_mixable makes sure
+    for the mix rule) the loss is linear in the weights, so its gradient is the same mixture of theirs. One result
+    is returned as it is."""
     if len(results) == 1:
         return next(iter(results.values()))
     main = max(results, key=lambda n: weights[n])

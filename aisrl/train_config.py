@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from aisrl.calibrate import RULES, check_candidates
+from aisrl.calibrate import RULES, check_candidates, check_mixable
 from aisrl.config import apply_mapping, apply_overrides
 from aisrl.correction import CORRECTIONS, correct, options_of
 from aisrl.lab import LabConfig
@@ -270,6 +270,8 @@ def validate(cfg: TrainConfig) -> None:
                     **correction_options(cfg, None, name))  # fmt: skip
         except ValueError as e:
             raise ValueError(f"correction settings: {e}") from e
+    if calibrating and cfg.correction.calibrate_rule == "mix":
+        check_mixable(cfg.correction.candidates, lambda name: correction_options(cfg, None, name))
     if cfg.correction.guard < 0 or 0 < cfg.correction.guard <= 1:
         raise ValueError(f"correction.guard is a factor over the recent k3 KL: 0 (off) or above 1, e.g. 4; "
                          f"got {cfg.correction.guard}")  # fmt: skip

@@ -87,6 +87,10 @@ def test_simplex_min_matches_a_grid_search_over_the_simplex():
     # opposite biases cancel: (1, 0) and (-1, 0) half and half, the third unused
     d = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0]])
     assert torch.allclose(simplex_min(d @ d.T), torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64))
+    # the minimiser does not depend on the scale of M: gradients' squared norms can be 1e-14 and less
+    assert torch.allclose(simplex_min(d @ d.T * 1e-15), torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64))
+    assert torch.allclose(simplex_min(torch.diag(torch.tensor([1.0, 4.0, 9.0], dtype=torch.float64)) * 1e-20),
+                          inv / inv.sum())  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     grid = torch.tensor([(i / 60, j / 60, 1 - (i + j) / 60) for i in range(61) for j in range(61 - i)],
                         dtype=torch.float64)  # (1891, 3)  # fmt: skip
@@ -126,6 +130,10 @@ def test_pooled_and_mix_average_the_differences_not_the_distances():
     # an earlier calibration of other candidates (another shape) is left out, and unknown rules are refused
     w, _, _ = end_point_weights(*args, rule="pooled", past=[{**past[0], "diff": torch.zeros(3, 2)}])
     assert w == {"seq_tis": 1.0}  # this calibration alone: |d_seq|^2 < |d_tis|^2
+    # no candidate's gradient finite: nothing to judge by, the end point in use is kept
+    nan = (["tis", "seq_tis"], lambda res: res.weights[0] * float("nan"), ref, old, roll, mask, lambda n: {})
+    for rule in ("window", "pooled", "mix"):
+        assert end_point_weights(*nan, rule=rule, keep={"seq_tis": 1.0})[0] == {"seq_tis": 1.0}
     with pytest.raises(ValueError, match=r"unknown calibration rule 'best'; choose from \['mix', 'pooled', 'window'\]"):
         end_point_weights(*args, rule="best")
 
@@ -151,9 +159,14 @@ def test_candidates_and_settings_are_checked_before_anything_is_built():
                        ("correction.bypass=true", "correction.bypass=false"),
                        ("correction.calibrate_window=0", "calibrate_window must be >= 1"),
                        ("correction.calibrate_rule=best", r"unknown correction.calibrate_rule 'best'; choose from"),
+                       ("correction.candidates=[tis,icepop] correction.calibrate_rule=mix",
+                        r"needs corrections that keep every token; \['icepop'\] reject tokens"),
                        ("correction.alpha=0.5", r"'tis' got unknown option\(s\) \['alpha'\]")]:  # fmt: skip
         with pytest.raises(ValueError, match=match):
-            validate(load_config("lab", ["correction.calibrate_every=2", "correction.cap=3", bad]))
+            validate(load_config("lab", ["correction.calibrate_every=2", "correction.cap=3", *bad.split()]))
+    # a rejecting correction may still be chosen whole, by the other rules
+    validate(load_config("lab", ["correction.calibrate_every=2", "correction.candidates=[tis,icepop]",
+                                 "correction.calibrate_rule=pooled"]))  # fmt: skip
 
 
 def rows(out):
@@ -203,6 +216,7 @@ def test_the_trainer_trains_with_the_mixture_it_logs(tmp_path, monkeypatch):
         assert w == pytest.approx({n: v for n, v in zip(names, lam, strict=True) if v > 0})
         assert x["end_point"] == lam.index(max(lam)) and all(f"calib_pooled_{n}" in x for n in names)
     assert [n for n in seen if n != "none"] == [n for w in mixed for n in w]  # each weighted candidate, every step
+    assert any(len(w) > 1 for w in mixed)  # a mixture of end points was trained, not only single ones
 
 
 @pytest.mark.parametrize("rule", ["window", "mix"])
@@ -223,3 +237,5 @@ def test_a_resumed_run_keeps_its_pick_and_the_calibrations_it_averages(tmp_path,
     for x, y in zip(ra, rb, strict=True):  # mix: step 3's weights pooled step 1's differences, from the checkpoint
         for key in ("end_point", "reward", "k3_kl", "loss", *(f"end_weight_{n}" for n in names)):
             assert x[key] == y[key], key
+        for key in (f"calib_pooled_{n}" for n in names):  # step 3's pooled step 1's differences, from the checkpoint
+            assert x.get(key) == y.get(key) and (rule == "window") == (key not in x), key
