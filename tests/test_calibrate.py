@@ -238,4 +238,4 @@ def test_a_resumed_run_keeps_its_pick_and_the_calibrations_it_averages(tmp_path,
         for key in ("end_point", "reward", "k3_kl", "loss", *(f"end_weight_{n}" for n in names)):
             assert x[key] == y[key], key
         for key in (f"calib_pooled_{n}" for n in names):  # step 3's pooled step 1's differences, from the checkpoint
-            assert x.get(key) == y.get(key) and (rule == "window") == (key not in x), key
+            assert x.get(key) == y.get(key) and (key in x) == (rule == "mix" and "calib_dist_tis" in x), key
