@@ -46,7 +46,7 @@ import torch
 from aisrl.bench.one_step import one_step
 from aisrl.bench.report import machine, update_section, write_json
 from aisrl.branch import recorded_base
-from aisrl.calibrate import simplex_min
+from aisrl.calibrate import RULES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -139,13 +139,14 @@ def calibration(gram: Gram, choose: list[str], sizes: list[int], horizons: list[
     """Could a run pick its end point from a few full-precision batches (aisrl.calibrate; docs/ais.md section 5)?
 
     The salts are cut into groups of c; d_m(i) = g_m(i) - g_ref(i), paired by salt (one full-precision batch of the
-    step's prompts per low-precision one). On each group the estimator among `choose` is picked by one of two rules:
+    step's prompts per low-precision one). On each group the estimator among `choose` is picked by each of the
+trainer's rules (aisrl.calibrate.RULES, given what c batches measure):
     - pooled: the least |mean_i d_m(i)|^2, which estimates bias2 + tr Cov(d_m) / c (c full-precision batches at
       one step);
-    - window: the least mean_i |d_m(i)|^2, which estimates bias2 + tr Cov(d_m) (the trainer's rule, its D averaged
-      over `correction.calibrate_window` calibrations, while the weights barely move).
+    - window: the least mean_i |d_m(i)|^2, which estimates bias2 + tr Cov(d_m) (the trainer's default rule, its D
+      averaged over `correction.calibrate_window` calibrations, while the weights barely move);
     - mix: not one end point but the mixture sum_m lambda_m g_m (lambda >= 0, sum 1) with the least
-      |mean_i sum_m lambda_m d_m(i)|^2 (aisrl.calibrate.simplex_min; the trainer's `correction.calibrate_rule=mix`).
+      |mean_i sum_m lambda_m d_m(i)|^2 (aisrl.calibrate.simplex_min).
     For c = 1 pooled and window agree. The pick is judged on the other salts: its bias2 and err@10 there, against
     each estimator kept fixed, on the same salts; `picks` are the mean lambda of each estimator.
     """
@@ -153,17 +154,15 @@ def calibration(gram: Gram, choose: list[str], sizes: list[int], horizons: list[
     cross = {(a, b): gram.diff_block(a, b) for a in choose for b in choose}  # (K, K) <d_a(i), d_b(j)>
     h = 10 if 10 in horizons else horizons[0]
     keys = ("bias2", f"err@{h}")
-    n = len(choose)
 
-    def one_hot(m: str) -> torch.Tensor:
-        return torch.eye(n, dtype=torch.float64)[choose.index(m)]
+    def measured(g: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the trainer's rules (aisrl.calibrate.RULES) judge by, from the group's batches: the mean |d_m|^2 (n,)
+        and the Gram matrix (n, n) <mean_i d_a(i), mean_j d_b(j)>."""
+        dist = torch.tensor([cross[m, m][g, g].diagonal().mean().item() for m in choose], dtype=torch.float64)
+        pooled = torch.tensor([[cross[a, b][g, g].mean().item() for b in choose] for a in choose], dtype=torch.float64)
+        return dist, pooled
 
-    def pooled_gram(g: slice) -> torch.Tensor:  # (n, n) <mean_i d_a(i), mean_j d_b(j)> over the group
-        return torch.tensor([[cross[a, b][g, g].mean().item() for b in choose] for a in choose], dtype=torch.float64)
-
-    rules = {"pooled": lambda g: one_hot(min(choose, key=lambda m: cross[m, m][g, g].mean().item())),  # |mean d|^2
-             "window": lambda g: one_hot(min(choose, key=lambda m: cross[m, m][g, g].trace().item())),  # mean |d|^2
-             "mix": lambda g: simplex_min(pooled_gram(g))}  # fmt: skip
+    rules = {name: RULES[name] for name in ("pooled", "window", "mix")}
     for c in sizes:
         picks = {r: [] for r in rules}
         chosen = {r: {k: [] for k in keys} for r in rules}
@@ -175,8 +174,9 @@ def calibration(gram: Gram, choose: list[str], sizes: list[int], horizons: list[
                 fig = figures(rest, {m: 1.0}, [h])
                 for k in keys:
                     fixed[m][k].append(fig[k])
+            dist, pooled = measured(group)
             for r, rule in rules.items():
-                lam = rule(group)  # (n,)
+                lam = rule(dist, pooled)  # (n,): every gradient here is finite
                 picks[r].append(lam)
                 fig = figures(rest, {m: lam[i].item() for i, m in enumerate(choose) if lam[i] > 0}, [h])
                 for k in keys:
