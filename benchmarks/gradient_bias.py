@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=2 python benchmarks/gradient_bias.py [preset=lab_columns] [quant=mxfp4_w4a4] [seed=S]
         [salts=16] [methods=none,tis,prefix_tis,seq_tis] [start=RUN:STEP] [horizons=1,10,100] [choose=tis,seq_tis]
+        [space=grad|adam]
 
 A method is a correction name, optionally with options: `tis:cap=100+floor=0.1` sets correction.cap and .floor.
 
@@ -30,6 +31,10 @@ units of the true gradient's squared norm |g|^2 (estimated by |mean g_ref|^2 - v
   the least |mean d_m|^2 and judge the pick on the other salts (function `calibration`).
 Every figure is a quadratic form in the gradients, so only their inner products are kept (class Gram); `<key>_se` is
 its jackknife standard error over the salts.
+`space=adam` measures all of this on each batch gradient as the trainer's AdamW would apply it at the step (function
+`adam_space`) rather than on the raw gradient: Adam divides every coordinate by its own running scale, so an estimator
+nearer the full-precision gradient in |.|^2 need not give a nearer update. The none-TIS segment is left out there, as
+that transform is not linear.
 `start=RUN:STEP` measures at a checkpoint of a run (e.g. late in a full-precision run) instead of the warm start.
 Writes benchmarks/results/gradient_bias_<preset>_<quant>[_<run>_<step>].json and its section of BENCHMARKS.md.
 """
@@ -49,6 +54,36 @@ from aisrl.branch import recorded_base
 from aisrl.calibrate import RULES
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def adam_space(g: torch.Tensor, start: tuple[str, int] | None) -> torch.Tensor:
+    """(K, P) each batch gradient g(k) as the trainer's AdamW scales it at the next step, u = g / (sqrt(v_hat) + eps).
+
+    v_hat = (beta2 v + (1 - beta2) g^2) / (1 - beta2^(t + 1)) is the second moment Adam's own update divides by, with
+    v and t the optimizer state at `start` (zero at the warm start, where RL begins with a fresh optimizer, so that
+    u = sign(g) there, exactly Adam's first step). The batch's own g^2 floors v_hat, so a coordinate the run rarely
+    updated gets the bounded step Adam gives it, not 1 / eps. Adam's first moment adds beta1 m, the same for every
+    estimator and salt, and the factor (1 - beta1) / (1 - beta1^(t + 1)) is common too: both are left out, as every
+    figure is in units of the reference's own |E u|^2.
+    """
+    P = g.shape[1]
+    v, t = torch.zeros(P, dtype=torch.float64), torch.zeros(P, dtype=torch.float64)  # (P,) each
+    beta2, eps = 0.999, 1e-8  # torch.optim.AdamW's defaults, which the trainer uses
+    if start is not None:
+        path = Path(start[0]) / "checkpoints" / f"step_{int(start[1]):06d}" / "state.pt"
+        opt = torch.load(path, weights_only=True, map_location="cpu")["optimizer"]
+        (group,) = opt["param_groups"]
+        beta2, eps = group["betas"][1], group["eps"]
+        sizes = [opt["state"][i]["exp_avg_sq"].numel() if i in opt["state"] else None for i in group["params"]]
+        if None in sizes:
+            raise ValueError(f"{path}: a parameter without optimizer state; space=adam needs every one stepped")
+        if sum(sizes) != P:
+            raise ValueError(f"{path}: optimizer state for {sum(sizes)} values, the gradient has {P}")
+        v = torch.cat([opt["state"][i]["exp_avg_sq"].reshape(-1).double() for i in group["params"]])
+        t = torch.cat([opt["state"][i]["step"].double().expand(n) for i, n in zip(group["params"], sizes, strict=True)])
+    g = g.double()
+    v_hat = (beta2 * v + (1 - beta2) * g**2) / (1 - beta2 ** (t + 1))  # (K, P)
+    return (g / (v_hat.sqrt() + eps)).float()
 
 
 @dataclass
@@ -107,7 +142,7 @@ def figures(gram: Gram, m: dict[str, float], horizons: list[int]) -> dict:
 
 
 def measure(g_ref: torch.Tensor, g: dict[str, torch.Tensor], horizons: list[int], choose: list[str] | None = None,
-            sizes: tuple[int, ...] = (1, 2, 4, 8)) -> dict:  # fmt: skip
+            sizes: tuple[int, ...] = (1, 2, 4, 8), segment: bool = True) -> dict:  # fmt: skip
     """The table of the module docstring from the stacked per-salt gradients (K, P) of the reference and methods;
     with two or more estimators to `choose` from (by default the importance-weighted end points measured), how well
     c full-precision batches pick among them (calibration)."""
@@ -121,7 +156,7 @@ def measure(g_ref: torch.Tensor, g: dict[str, torch.Tensor], horizons: list[int]
         for key in list(out[name]):
             vals = torch.tensor([r[key] for r in loo], dtype=torch.float64)
             out[name][f"{key}_se"] = ((gram.K - 1) / gram.K * ((vals - vals.mean()) ** 2).sum()).sqrt().item()
-    if "none" in g and "tis" in g:  # AIS with a pinned alpha: (1 - alpha) g_none + alpha g_tis, exactly
+    if segment and "none" in g and "tis" in g:  # AIS with a pinned alpha: (1 - alpha) g_none + alpha g_tis, exactly
         seg = {a / 100: figures(gram, {"none": 1 - a / 100, "tis": a / 100}, horizons) for a in range(101)}
         out["segment"] = {}
         for key in [f"{k}@{h}" for k in ("err", "scaled_err") for h in horizons]:
@@ -140,7 +175,7 @@ def calibration(gram: Gram, choose: list[str], sizes: list[int], horizons: list[
 
     The salts are cut into groups of c; d_m(i) = g_m(i) - g_ref(i), paired by salt (one full-precision batch of the
     step's prompts per low-precision one). On each group the estimator among `choose` is picked by each of the
-trainer's rules (aisrl.calibrate.RULES, given what c batches measure):
+    trainer's rules (aisrl.calibrate.RULES, given what c batches measure):
     - pooled: the least |mean_i d_m(i)|^2, which estimates bias2 + tr Cov(d_m) / c (c full-precision batches at
       one step);
     - window: the least mean_i |d_m(i)|^2, which estimates bias2 + tr Cov(d_m) (the trainer's default rule, its D
@@ -197,7 +232,9 @@ def section(out: dict) -> str:
     res, m = out["results"], out["machine"]
     lines = [f"Command: `{out['command']}` ({out['seconds']:.0f} s; {m['cpu']}, {m['cpus']} CPUs, torch {m['torch']}). "
              f"State: {out['start']}; rollouts {out['quant']}; {out['salts']} salts of seed {out['seed']}'s prompts. "
-             "Units: |g|^2, the true gradient's squared norm; ± is the jackknife standard error over salts.", "",
+             + ("Units: |g|^2, the true gradient's squared norm" if out.get("space", "grad") == "grad" else
+              "Space: each batch gradient as AdamW applies it at this step (`adam_space`); units: the squared norm of "
+              "the full-precision update's expectation") + "; ± is the jackknife standard error over salts.", "",
              "| method | cos(E g_m, g) | bias^2 | noise per batch | err@10 | mean k3 KL | ESS/N | alpha |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, r in res.items():
@@ -232,8 +269,11 @@ def section(out: dict) -> str:
 
 
 def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: list[str], start: str,
-         horizons: list[int], choose: list[str] | None = None) -> dict:  # fmt: skip
-    """preset: the warm start's (default lab_columns); with `start`, only for a run whose config.json does not load."""
+         horizons: list[int], choose: list[str] | None = None, space: str = "grad") -> dict:  # fmt: skip
+    """preset: the warm start's (default lab_columns); with `start`, only for a run whose config.json does not load.
+    space: `grad` (the raw gradients) or `adam` (each as the optimizer would apply it: adam_space)."""
+    if space not in ("grad", "adam"):
+        raise ValueError(f"space={space!r}: choose grad (the raw gradient) or adam (the update AdamW makes of it)")
     if salts < 3:  # a variance needs two draws, and its jackknife one more
         raise ValueError(f"salts={salts}: need at least 3 (32 give standard errors of a useful size)")
     preset_name = preset or "lab_columns"  # names the results; the warm start's preset
@@ -257,7 +297,10 @@ def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: 
             g[m].append(gm)
             rows[m].append(row)
         print(f"salt {k}: {time.perf_counter() - t0:.0f} s", flush=True)
-    res = measure(torch.stack(g_ref), {m: torch.stack(v) for m, v in g.items()}, horizons, choose)
+    vecs = {"ref": torch.stack(g_ref), **{m: torch.stack(v) for m, v in g.items()}}  # (K, P) each
+    if space == "adam":
+        vecs = {m: adam_space(v, at) for m, v in vecs.items()}
+    res = measure(vecs.pop("ref"), vecs, horizons, choose, segment=space == "grad")
     for m in methods:  # the batch statistics the runs logged, averaged over salts
         for key in ("k3_kl", "ess", "alpha"):
             vals = [r[key] for r in rows[m] if r.get(key) is not None]
@@ -269,8 +312,9 @@ def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: 
     tag = f"_seed{seed}" if seed else ""  # seed 0 at the warm start keeps the first results' name
     if start:
         tag = "_" + "_".join(Path(start.rsplit(":", 1)[0]).parts[-3:]) + f"_{at[1]}"
+    tag += "_adam" if space == "adam" else ""
     out = {"preset": preset_name, "quant": quant, "seed": seed, "salts": salts, "start": start or "warm start",
-           "results": res, "seconds": time.perf_counter() - t0, "machine": machine(),
+           "space": space, "results": res, "seconds": time.perf_counter() - t0, "machine": machine(),
            "command": "python benchmarks/gradient_bias.py " + " ".join(sys.argv[1:])}  # fmt: skip
     write_json(ROOT / "benchmarks" / "results" / f"gradient_bias_{preset_name}_{quant}{tag}.json", out)
     update_section(ROOT / "BENCHMARKS.md", f"gradient_bias_{preset_name}_{quant}{tag}", section(out))
@@ -282,4 +326,4 @@ if __name__ == "__main__":
     main(kw.get("preset"), kw.get("quant", "mxfp4_w4a4"), int(kw["seed"]) if "seed" in kw else None,
          int(kw.get("salts", 16)), kw.get("methods", "none,tis,prefix_tis,seq_tis").split(","), kw.get("start", ""),
          [int(h) for h in kw.get("horizons", "1,10,100").split(",")],
-         kw["choose"].split(",") if "choose" in kw else None)  # fmt: skip
+         kw["choose"].split(",") if "choose" in kw else None, kw.get("space", "grad"))  # fmt: skip

@@ -128,3 +128,34 @@ def test_calibration_picks_the_unbiased_end_point_once_enough_pooled_batches_ave
     assert mix["bias2"] == pytest.approx(0.050, abs=0.03)
     assert mix["err@10"] == pytest.approx(0.20, abs=0.03) and mix["err@10"] < cal[8]["pooled"]["err@10"]
     assert "calibration" not in gb.measure(g_ref, {"tis": g_ref}, [1])  # one end point: nothing to choose
+
+
+def test_adam_space_is_the_update_adamw_makes_of_each_batch_gradient(tmp_path):
+    gb = load_benchmark("gradient_bias")
+    gen = torch.Generator().manual_seed(2)
+    params = [torch.nn.Parameter(torch.randn(3, 4, generator=gen)), torch.nn.Parameter(torch.randn(5, generator=gen))]
+    # beta1 = 0: the update is then lr * g / (sqrt(v_hat) + eps) exactly, the quantity adam_space returns
+    opt = torch.optim.AdamW(params, lr=0.1, betas=(0.0, 0.999), weight_decay=0.0)
+    for _ in range(5):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen) * torch.rand(p.shape, generator=gen)
+        opt.step()
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000005"
+    ckpt.mkdir(parents=True)
+    torch.save({"optimizer": opt.state_dict(), "step": 5}, ckpt / "state.pt")
+    g = torch.randn(2, 17, generator=gen)  # (K, P): two batch gradients of the 12 + 5 values
+    u = gb.adam_space(g, (str(tmp_path / "run"), 5))
+    for k in range(2):
+        o = torch.optim.AdamW([q.detach().clone().requires_grad_() for q in params], lr=0.1, betas=(0.0, 0.999),
+                              weight_decay=0.0)  # fmt: skip
+        o.load_state_dict(torch.load(ckpt / "state.pt", weights_only=True)["optimizer"])  # a copy: step() changes it
+        before = torch.cat([q.detach().reshape(-1).clone() for q in o.param_groups[0]["params"]])
+        for q, part in zip(o.param_groups[0]["params"], g[k].split([12, 5]), strict=True):
+            q.grad = part.reshape(q.shape).clone()
+        o.step()
+        after = torch.cat([q.detach().reshape(-1) for q in o.param_groups[0]["params"]])
+        torch.testing.assert_close(u[k], (before - after) / 0.1, rtol=1e-4, atol=1e-6)
+    # a fresh optimizer (the warm start): Adam's first step is the sign of the gradient
+    torch.testing.assert_close(gb.adam_space(g, None), g.sign(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="optimizer state for 17 values, the gradient has 16"):
+        gb.adam_space(g[:, :16], (str(tmp_path / "run"), 5))
