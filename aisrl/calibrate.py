@@ -88,6 +88,22 @@ def _gram(rounds: list[dict]) -> torch.Tensor:
     return M
 
 
+def pooled_noise(rounds: list[dict], names: list[str], gram: torch.Tensor) -> torch.Tensor | None:
+    """(C,) the part of each pooled distance that is noise: tr Cov_r(d_c(r)) / n over the n calibrations `rounds`, in
+    the pooled distances' units (mean_r |g_ref(r)|^2); gram: their (C, C) matrix (_gram over that mean). E|mean d|^2
+    = |E d|^2 + tr Cov(d) / n, so calib_pooled - calib_noise estimates without bias the bias^2 that persists; when
+    the candidates' differences in it are within a few standard errors of the noise, the pick is the noise's.
+    tr Cov = (sum_r |d_c(r)|^2 - n |mean d_c|^2) / (n - 1), with |d_c(r)|^2 = D_c(r) |g_ref(r)|^2 from the records.
+    None with fewer than two calibrations."""
+    n = len(rounds)
+    if n < 2:
+        return None
+    ref2 = torch.tensor([r["calib_ref_norm"] ** 2 for r in rounds], dtype=torch.float64)  # (n,)
+    dist = torch.tensor([[r[f"calib_dist_{c}"] for c in names] for r in rounds], dtype=torch.float64)  # (n, C)
+    total = (dist * ref2[:, None]).sum(0) / ref2.mean()  # (C,) sum_r |d_c(r)|^2 in the pooled units
+    return (total - n * gram.diagonal()) / (n * (n - 1))
+
+
 def _least(x: torch.Tensor) -> torch.Tensor | None:
     """One-hot (C,) at the least finite entry of x (the first on ties); None if none is finite."""
     if not torch.isfinite(x).any():
@@ -158,7 +174,8 @@ def end_point_weights(
     nothing: such a calibration is left out. With nothing measured, or no candidate finite, the weights are `keep`
     (the end point in use; None = the first candidate). Ties go to the first candidate.
     Metrics: `calib_dist_<name>` = D_c for every candidate, `calib_ref_norm` = |g_ref|, and for pooled and mix
-    `calib_pooled_<name>` = |mean_r d_c(r)|^2 / mean_r |g_ref(r)|^2 over the window. The record (what `past` holds)
+    `calib_pooled_<name>` = |mean_r d_c(r)|^2 / mean_r |g_ref(r)|^2 over the window, and from two calibrations on
+    `calib_noise_<name>`, the part of it that is noise (pooled_noise). The record (what `past` holds)
     is the first two as floats, and for pooled and mix the differences, "diff": (C, P).
     """
     if rule not in RULES:
@@ -184,6 +201,9 @@ def end_point_weights(
         if rule in POOLING:
             gram = _gram(rounds) / (sum(r["calib_ref_norm"] ** 2 for r in rounds) / len(rounds))  # (C, C)
             metrics.update({f"calib_pooled_{n}": gram[i, i].float() for i, n in enumerate(candidates)})
+            noise = pooled_noise(rounds, candidates, gram)
+            if noise is not None:
+                metrics.update({f"calib_noise_{n}": noise[i].float() for i, n in enumerate(candidates)})
         lam = RULES[rule](mean, gram)  # (C,) or None
     if lam is None:
         kept = {n: w for n, w in (keep or {}).items() if n in candidates and w > 0}

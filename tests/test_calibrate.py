@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import TINY_LAB
 
-from aisrl.calibrate import check_candidates, combine, end_point_weights, simplex_min
+from aisrl.calibrate import _gram, check_candidates, combine, end_point_weights, pooled_noise, simplex_min
 from aisrl.correction import correct
 from aisrl.train_config import load_config, validate
 from aisrl.trainer import train
@@ -102,6 +102,33 @@ def test_simplex_min_matches_a_grid_search_over_the_simplex():
         assert lam @ M @ lam <= ((grid @ M) * grid).sum(1).min() + 1e-12  # at least as low as the best grid point
 
 
+def test_pooled_noise_is_the_noise_part_of_the_pooled_distance():
+    # two calibrations, |g_ref|^2 = 1 and 4: d_a = (1, 0) then (3, 0), d_b = (0, 1) then (0, -1); pooled units 2.5
+    rounds = [{"calib_dist_a": 1.0, "calib_dist_b": 1.0, "calib_ref_norm": 1.0,
+               "diff": torch.tensor([[1.0, 0.0], [0.0, 1.0]])},
+              {"calib_dist_a": 9.0 / 4, "calib_dist_b": 1.0 / 4, "calib_ref_norm": 2.0,
+               "diff": torch.tensor([[3.0, 0.0], [0.0, -1.0]])}]  # fmt: skip
+    gram = _gram(rounds) / 2.5
+    assert gram.diagonal().tolist() == pytest.approx([4 / 2.5, 0.0])
+    # tr Cov over the two: |d - mean|^2 is 1 + 1 for each; / (n - 1) / n / 2.5 = 0.4
+    assert pooled_noise(rounds, ["a", "b"], gram).tolist() == pytest.approx([0.4, 0.4])
+    assert pooled_noise(rounds[:1], ["a", "b"], gram) is None
+    # E[pooled - noise] is the persisting bias^2: d(r) = b + e(r), |b|^2 = 0.25, E|e|^2 = 2, |g_ref| = 1, 8 rounds
+    gen = torch.Generator().manual_seed(3)
+    b = torch.tensor([0.3, 0.4] + [0.0] * 18, dtype=torch.float64)
+    pooled, est = [], []
+    for _ in range(2000):
+        d = b + torch.randn(8, 20, generator=gen, dtype=torch.float64) * 0.1**0.5  # (8, 20)
+        rounds = [{"calib_dist_a": (x @ x).item(), "calib_ref_norm": 1.0, "diff": x[None]} for x in d]
+        gram = _gram(rounds)
+        pooled.append(gram[0, 0].item())
+        est.append(pooled[-1] - pooled_noise(rounds, ["a"], gram)[0].item())
+    pooled, est = torch.tensor(pooled), torch.tensor(est)
+    assert est.mean().item() == pytest.approx(0.25, abs=4 * est.std().item() / 2000**0.5)
+    # the pooled distance alone carries the noise as well: 0.25 + 2 / 8
+    assert pooled.mean().item() == pytest.approx(0.5, abs=4 * pooled.std().item() / 2000**0.5)
+
+
 def test_pooled_and_mix_average_the_differences_not_the_distances():
     old, roll, mask = torch.tensor([[0.0, -1.0]]), torch.tensor([[-0.5, 0.0]]), torch.ones(1, 2, dtype=torch.bool)
     low = lambda res: res.weights[0]  # noqa: E731  tis (cap 2): (1.6487, 0.3679); seq_tis: (0.6065, 0.6065)
@@ -119,6 +146,13 @@ def test_pooled_and_mix_average_the_differences_not_the_distances():
     assert w == {"tis": 1.0} and rec["diff"].shape == (2, 2)
     assert m["calib_pooled_tis"].item() == pytest.approx(0.0, abs=1e-6)
     assert m["calib_pooled_seq_tis"].item() == pytest.approx((0.3935**2 + 0.1065**2) / ((1.0 + 1.25) / 2), rel=1e-3)
+    # two calibrations give a noise estimate; with the past record's D consistent with its differences, tis's two
+    # opposite differences are all noise (2 |d|^2 / 1 / 2 / 1.125) and seq_tis's two equal ones none
+    past_d = {"calib_dist_tis": 0.6487**2 + 0.1321**2, "calib_dist_seq_tis": 0.3935**2 + 0.1065**2}
+    _, m, _ = end_point_weights(*args, rule="pooled", past=[{**past[0], **past_d}])
+    assert m["calib_noise_tis"].item() == pytest.approx(2 * past_d["calib_dist_tis"] / 2 / 1.125, rel=1e-3)
+    assert m["calib_noise_seq_tis"].item() == pytest.approx(0.0, abs=1e-6)
+    assert not any(k.startswith("calib_noise") for k in end_point_weights(*args, rule="pooled")[1])  # one: none
     # mix: with a persistent difference on both, opposite ones cancel in a mixture
     past = [{"calib_dist_tis": 0.3, "calib_dist_seq_tis": 0.1, "calib_ref_norm": 1.0,
              "diff": torch.tensor([[0.6487, -0.1321], [-0.3935, 0.1065]])}]  # fmt: skip
