@@ -33,7 +33,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from aisrl.checkpoint import atomic_write_text
+from aisrl.checkpoint import atomic_write_text, checkpoint_dir
 from aisrl.compare import run_rows
 
 
@@ -100,7 +100,7 @@ def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
     run = Path(cfg.run)
     if not cfg.run or not run.is_dir():
         raise ValueError(f"run={cfg.run!r} is not a run folder; pass run=DIR, a folder `aisrl train` wrote")
-    ckpt = run / "checkpoints" / f"step_{cfg.step:06d}"
+    ckpt = checkpoint_dir(run, cfg.step)
     if not (ckpt / "model.safetensors").is_file():
         saved = sorted(int(p.name[5:]) for p in (run / "checkpoints").glob("step_*") if p.name[5:].isdigit())
         raise ValueError(f"{run} has no checkpoint at step {cfg.step}; it holds steps {saved} (step=...)")
@@ -128,13 +128,13 @@ def start_from_checkpoint(run: Path, step: int, dst: Path) -> None:
     """Make `dst` a run folder resuming at `step` of `run`: that checkpoint and the metrics up to it."""
     if (dst / "checkpoints" / "latest").is_file():
         return  # started before: the trainer resumes it (or says it is done)
-    name = f"step_{step:06d}"
-    shutil.copytree(run / "checkpoints" / name, dst / "checkpoints" / name, dirs_exist_ok=True)
+    src = checkpoint_dir(run, step)
+    shutil.copytree(src, dst / "checkpoints" / src.name, dirs_exist_ok=True)
     kept = [r for r in run_rows(run) if r["step"] <= step]
     atomic_write_text(dst / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
     if (run / "start.json").is_file():  # a branch starts, in the end, from the weights its run started from
         shutil.copyfile(run / "start.json", dst / "start.json")
-    atomic_write_text(dst / "checkpoints" / "latest", name)
+    atomic_write_text(dst / "checkpoints" / "latest", src.name)
 
 
 def summarize_branch(rows: list[dict], step: int, fall: float) -> dict:

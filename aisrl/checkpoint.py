@@ -114,10 +114,15 @@ def _dir(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
+def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
+    """The folder of a run's checkpoint at `step` (it holds model.safetensors and state.pt)."""
+    return _dir(output_dir) / f"step_{step:06d}"
+
+
 def save_checkpoint(output_dir, step: int, model, optimizer, extra: dict, keep: int = 2) -> Path:
     root = _dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:06d}"
+    final = checkpoint_dir(output_dir, step)
     tmp = root / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()

@@ -25,6 +25,7 @@ import torch
 
 from aisrl.bench.report import machine, write_json
 from aisrl.calibrate import _gram, pooled_noise
+from aisrl.checkpoint import checkpoint_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,7 +62,7 @@ def checkpoint_figures(path: Path) -> dict | None:
 def main(runs: Path, steps: list[int], tag: str) -> dict:
     rows = []
     for step in steps:
-        for path in sorted(runs.glob(f"**/checkpoints/step_{step:06d}/state.pt")):
+        for path in sorted(runs.glob(str(checkpoint_dir("**", step) / "state.pt"))):
             fig = checkpoint_figures(path)
             if fig is not None:
                 rows.append({"run": str(path.parent.parent.parent.relative_to(runs)), "step": step, **fig})

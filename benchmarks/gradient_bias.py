@@ -34,7 +34,8 @@ its jackknife standard error over the salts.
 `space=adam` measures all of this on each batch gradient as the trainer's AdamW would apply it at the step (function
 `adam_space`) rather than on the raw gradient: Adam divides every coordinate by its own running scale, so an estimator
 nearer the full-precision gradient in |.|^2 need not give a nearer update. The none-TIS segment is left out there, as
-that transform is not linear.
+that transform is not linear; for the same reason the calibration's mix row there mixes the updates, not the
+gradients (an approximation).
 `start=RUN:STEP` measures at a checkpoint of a run (e.g. late in a full-precision run) instead of the warm start.
 Writes benchmarks/results/gradient_bias_<preset>_<quant>[_<run>_<step>].json and its section of BENCHMARKS.md.
 """
@@ -52,6 +53,7 @@ from aisrl.bench.one_step import one_step
 from aisrl.bench.report import machine, update_section, write_json
 from aisrl.branch import recorded_base
 from aisrl.calibrate import RULES
+from aisrl.checkpoint import checkpoint_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,7 +72,7 @@ def adam_space(g: torch.Tensor, start: tuple[str, int] | None) -> torch.Tensor:
     v, t = torch.zeros(P, dtype=torch.float64), torch.zeros(P, dtype=torch.float64)  # (P,) each
     beta2, eps = 0.999, 1e-8  # torch.optim.AdamW's defaults, which the trainer uses
     if start is not None:
-        path = Path(start[0]) / "checkpoints" / f"step_{int(start[1]):06d}" / "state.pt"
+        path = checkpoint_dir(start[0], int(start[1])) / "state.pt"
         opt = torch.load(path, weights_only=True, map_location="cpu")["optimizer"]
         (group,) = opt["param_groups"]
         beta2, eps = group["betas"][1], group["eps"]

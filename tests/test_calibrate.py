@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import TINY_LAB
+from conftest import TINY_LAB, load_benchmark
 
 from aisrl.calibrate import _gram, check_candidates, combine, end_point_weights, pooled_noise, simplex_min
 from aisrl.correction import correct
@@ -273,3 +273,21 @@ def test_a_resumed_run_keeps_its_pick_and_the_calibrations_it_averages(tmp_path,
             assert x[key] == y[key], key
         for key in (f"calib_pooled_{n}" for n in names):  # step 3's pooled step 1's differences, from the checkpoint
             assert x.get(key) == y.get(key) and (key in x) == (rule == "mix" and "calib_dist_tis" in x), key
+
+
+def test_calibration_noise_reads_the_calibrations_a_checkpoint_keeps(tmp_path):
+    bench = load_benchmark("calibration_noise")
+    # three calibrations of |g_ref| = 1: a's differences (1, 0), (3, 0), (2, 0): mean (2, 0), pooled 4, tr Cov = 1,
+    # noise 1 / 3; b's (0, 0), (0, 2), (0, -2): pooled 0, tr Cov = 4, noise 4 / 3
+    diffs = [([1.0, 0.0], [0.0, 0.0]), ([3.0, 0.0], [0.0, 2.0]), ([2.0, 0.0], [0.0, -2.0])]
+    cal = [{"calib_dist_a": sum(x * x for x in a), "calib_dist_b": sum(x * x for x in b), "calib_ref_norm": 1.0,
+            "diff": torch.tensor([a, b])} for a, b in diffs]  # fmt: skip
+    path = tmp_path / "state.pt"
+    torch.save({"extra": {"calibrations": cal}}, path)
+    fig = bench.checkpoint_figures(path)
+    assert fig["n"] == 3 and fig["names"] == ["a", "b"]
+    assert fig["pooled_a"] == pytest.approx(4.0) and fig["noise_a"] == pytest.approx(1 / 3)
+    assert fig["pooled_b"] == pytest.approx(0.0) and fig["noise_b"] == pytest.approx(4 / 3)
+    assert fig["gap"] == pytest.approx((4 - 1 / 3) - (0 - 4 / 3)) and fig["gap_se"] > 0
+    torch.save({"extra": {"calibrations": cal[:2]}}, path)
+    assert bench.checkpoint_figures(path) is None  # too few to jackknife
