@@ -88,6 +88,12 @@ def _gram(rounds: list[dict]) -> torch.Tensor:
     return M
 
 
+def pooled_gram(rounds: list[dict]) -> torch.Tensor:
+    """(C, C) _gram of `rounds` in the pooled distances' units, mean_r |g_ref(r)|^2: what `calib_pooled_<name>` and
+    the pooling rules read."""
+    return _gram(rounds) / (sum(r["calib_ref_norm"] ** 2 for r in rounds) / len(rounds))
+
+
 def pooled_noise(rounds: list[dict], names: list[str], gram: torch.Tensor) -> torch.Tensor | None:
     """(C,) the part of each pooled distance that is noise: tr Cov_r(d_c(r)) / n over the n calibrations `rounds`, in
     the pooled distances' units (mean_r |g_ref(r)|^2); gram: their (C, C) matrix (_gram over that mean). E|mean d|^2
@@ -199,7 +205,7 @@ def end_point_weights(
         mean = torch.tensor([sum(r[f"calib_dist_{n}"] for r in rounds) / len(rounds) for n in candidates],
                             dtype=torch.float64)  # (C,)  # fmt: skip
         if rule in POOLING:
-            gram = _gram(rounds) / (sum(r["calib_ref_norm"] ** 2 for r in rounds) / len(rounds))  # (C, C)
+            gram = pooled_gram(rounds)  # (C, C)
             metrics.update({f"calib_pooled_{n}": gram[i, i].float() for i, n in enumerate(candidates)})
             noise = pooled_noise(rounds, candidates, gram)
             if noise is not None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from aisrl.bench.report import machine, write_json
-from aisrl.calibrate import _gram, pooled_noise
+from aisrl.calibrate import pooled_gram, pooled_noise
 from aisrl.checkpoint import checkpoint_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def split(rounds: list[dict], names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """(pooled (C,), noise (C,)) of the calibrations `rounds`, as the trainer computes them."""
-    gram = _gram(rounds) / (sum(r["calib_ref_norm"] ** 2 for r in rounds) / len(rounds))  # (C, C)
+    gram = pooled_gram(rounds)  # (C, C)
     return gram.diagonal(), pooled_noise(rounds, names, gram)
 
 
