@@ -16,6 +16,9 @@ G = exp(mean_t delta) (geometric):
              corrects the distribution of the token and of its context but not of the tokens after it.
              A token dropped as unusable (NaN) counts as w = 1 in later prefixes; a rollout log-prob
              of -inf makes w huge, so the rest of that sequence sits at the cap.
+- suffix_tis: clip(prod_{s>=t} w_s, floor, cap) for token t: corrects the token and the tokens after it, which
+             the sequence's reward depends on (its conditional expectation given the context is then the trainer's,
+             as in off-policy actor-critic, Degris et al. 2012), but not the distribution of the context.
 - geo_tis:   clip(G, floor, cap) for every token of the sequence (length-normalised).
 - icepop:    w inside the band [low, high], token masked outside (IcePop / token MIS).
 - seq_mask:  reject sequences whose W leaves [low, high].
@@ -102,6 +105,12 @@ def _seq_tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
 
 def _prefix_tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
     log_v = b.delta.cumsum(-1)  # (N, T): delta is 0 on masked tokens, so this sums the counted prefix
+    v, clipped = _clip_exp(log_v, cap, floor)  # (N, T)
+    return v, b.mask, clipped & b.mask, {}
+
+
+def _suffix_tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
+    log_v = b.delta.flip(-1).cumsum(-1).flip(-1)  # (N, T): sum_{s>=t} delta_s over the counted tokens
     v, clipped = _clip_exp(log_v, cap, floor)  # (N, T)
     return v, b.mask, clipped & b.mask, {}
 
@@ -210,6 +219,7 @@ CORRECTIONS: dict[str, Rule] = {
     "tis": _tis,
     "seq_tis": _seq_tis,
     "prefix_tis": _prefix_tis,
+    "suffix_tis": _suffix_tis,
     "geo_tis": _geo_tis,
     "icepop": _icepop,
     "seq_mask": _seq_mask,

@@ -76,7 +76,7 @@ class CorrectionConfig:
     name: str = "ais"
     """Mismatch correction: any name in aisrl.correction.CORRECTIONS."""
     cap: float = 2.0
-    """Truncation cap C (tis, seq_tis, prefix_tis, geo_tis, ais)."""
+    """Truncation cap C (tis, seq_tis, prefix_tis, suffix_tis, geo_tis, ais)."""
     ema: float = 0.0
     """AIS: smoothing of alpha across steps (0 = per-batch alpha)."""
     alpha: float | None = None

@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=2 python benchmarks/gradient_bias.py [preset=lab_columns] [quant=mxfp4_w4a4] [seed=S]
         [salts=16] [methods=none,tis,prefix_tis,seq_tis] [start=RUN:STEP] [horizons=1,10,100] [choose=tis,seq_tis]
-        [space=grad|adam]
+        [space=grad|adam] [tag=NAME]
 
 A method is a correction name, optionally with options: `tis:cap=100+floor=0.1` sets correction.cap and .floor.
 
@@ -37,7 +37,8 @@ nearer the full-precision gradient in |.|^2 need not give a nearer update. The n
 that transform is not linear; for the same reason the calibration's mix row there mixes the updates, not the
 gradients (an approximation).
 `start=RUN:STEP` measures at a checkpoint of a run (e.g. late in a full-precision run) instead of the warm start.
-Writes benchmarks/results/gradient_bias_<preset>_<quant>[_<run>_<step>].json and its section of BENCHMARKS.md.
+Writes benchmarks/results/gradient_bias_<preset>_<quant>[_<run>_<step>][_adam][_<tag>].json and its section of
+BENCHMARKS.md; `tag` keeps a study of other methods at a state from replacing the first one's results.
 """
 
 import json
@@ -271,9 +272,11 @@ def section(out: dict) -> str:
 
 
 def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: list[str], start: str,
-         horizons: list[int], choose: list[str] | None = None, space: str = "grad") -> dict:  # fmt: skip
+         horizons: list[int], choose: list[str] | None = None, space: str = "grad",
+         label: str = "") -> dict:  # fmt: skip
     """preset: the warm start's (default lab_columns); with `start`, only for a run whose config.json does not load.
-    space: `grad` (the raw gradients) or `adam` (each as the optimizer would apply it: adam_space)."""
+    space: `grad` (the raw gradients) or `adam` (each as the optimizer would apply it: adam_space).
+    label: appended to the results' name (the `tag=` argument)."""
     if space not in ("grad", "adam"):
         raise ValueError(f"space={space!r}: choose grad (the raw gradient) or adam (the update AdamW makes of it)")
     if salts < 3:  # a variance needs two draws, and its jackknife one more
@@ -314,7 +317,7 @@ def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: 
     tag = f"_seed{seed}" if seed else ""  # seed 0 at the warm start keeps the first results' name
     if start:
         tag = "_" + "_".join(Path(start.rsplit(":", 1)[0]).parts[-3:]) + f"_{at[1]}"
-    tag += "_adam" if space == "adam" else ""
+    tag += ("_adam" if space == "adam" else "") + (f"_{label}" if label else "")
     out = {"preset": preset_name, "quant": quant, "seed": seed, "salts": salts, "start": start or "warm start",
            "space": space, "results": res, "seconds": time.perf_counter() - t0, "machine": machine(),
            "command": "python benchmarks/gradient_bias.py " + " ".join(sys.argv[1:])}  # fmt: skip
@@ -328,4 +331,4 @@ if __name__ == "__main__":
     main(kw.get("preset"), kw.get("quant", "mxfp4_w4a4"), int(kw["seed"]) if "seed" in kw else None,
          int(kw.get("salts", 16)), kw.get("methods", "none,tis,prefix_tis,seq_tis").split(","), kw.get("start", ""),
          [int(h) for h in kw.get("horizons", "1,10,100").split(",")],
-         kw["choose"].split(",") if "choose" in kw else None, kw.get("space", "grad"))  # fmt: skip
+         kw["choose"].split(",") if "choose" in kw else None, kw.get("space", "grad"), kw.get("tag", ""))  # fmt: skip

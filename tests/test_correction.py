@@ -91,6 +91,28 @@ def test_prefix_tis_skips_masked_tokens_and_survives_extremes():
     torch.testing.assert_close(tiny.weights, torch.full((1, 3), math.exp(-LOG_RATIO_CLAMP)), rtol=1e-4, atol=0)
 
 
+def test_suffix_tis_weights_each_token_by_the_rest_of_its_sequence(batch):
+    # A: suffixes 2.5 * 0.4 * 1 = 1, 0.4 * 1 = 0.4, 1; B: 4 * 1.5 = 6 (capped at 3), 1.5; padding stays 0
+    res = correct("suffix_tis", *batch, cap=3.0)
+    close(res.weights, [[1.0, 0.4, 1.0], [3.0, 1.5, 0.0]])
+    close(res.metrics["clip_frac_token"], 1 / 5)
+    close(correct("suffix_tis", *batch, cap=3.0, floor=0.5).weights, [[1.0, 0.5, 1.0], [3.0, 1.5, 0.0]])
+    # the first token's suffix is the whole sequence, the last token's is its own ratio: seq_tis and tis there
+    first, last = correct("suffix_tis", *batch, cap=10.0).weights[:, 0], correct("suffix_tis", *batch).weights[0, 2]
+    close(first, SEQ_W)
+    close(last, W_A[2])
+
+
+def test_suffix_tis_skips_masked_tokens_and_survives_extremes():
+    old = torch.tensor([[0.0, -1e3, 0.0, 0.0]])
+    roll = torch.tensor([[-math.log(1.5), 0.0, math.log(4.0), -1e3]])
+    mask = torch.tensor([[True, False, True, True]])  # the -1e3 at slot 1 is not counted
+    res = correct("suffix_tis", old, roll, mask, cap=2.0)
+    # slot 3's ratio is huge (capped at 2); slot 2's suffix is 0.25 * huge, capped too; slot 0 likewise
+    close(res.weights, [[2.0, 0.0, 2.0, 2.0]])
+    assert torch.isfinite(res.weights).all()
+
+
 def test_geo_tis(batch):
     g = math.sqrt(6.0)
     close(correct("geo_tis", *batch, cap=3.0).weights, [[1, 1, 1], [g, g, 0]])

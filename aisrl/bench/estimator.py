@@ -64,7 +64,7 @@ class EstimatorBenchConfig:
     reward_p: float = 0.3
     """Probability that a sequence is rewarded (R = 1); markov: the target of P_pi(count >= k)."""
     cap: float = 2.0
-    """Truncation cap C for tis / seq_tis / prefix_tis / ais."""
+    """Truncation cap C for tis / seq_tis / prefix_tis / suffix_tis / ais."""
     methods: list[str] = field(default_factory=lambda: ["none", "tis", "seq_tis", "icepop", "ais"])
     """Corrections to evaluate (any name in aisrl.correction.CORRECTIONS)."""
     variants: list[str] = field(default_factory=lambda: ["c4", "design", "no_rho", "sqrt_n", "c8", "c16"])
