@@ -9,7 +9,8 @@ naming a complete checkpoint. Weights are safetensors; optimizer and RNG state a
 A run also records the config it was started with (`output_dir/config.json`). Resuming with a different one
 would silently splice two experiments into one set of weights and one metrics file, so a later start checks
 the new config against the record and refuses, naming the keys that changed; only keys that cannot change the
-training (`RESUMABLE`: how long, how often to evaluate and checkpoint, where it runs) may differ.
+training (`RESUMABLE`: how long, how often to evaluate and checkpoint, where it runs) may differ, and the record
+takes their new values (a run continued to 300 steps says max_steps 300).
 
 It also records the weights it started from (`output_dir/start.json`: a digest of the initial state and the
 machine). The lab model's warm start is trained on first use and cached; its training is deterministic on one
@@ -98,16 +99,22 @@ def config_changes(recorded: dict, config: dict, free: tuple[str, ...] = RESUMAB
 
 def record_config(output_dir: str | Path, config: dict, write: bool = True) -> None:
     """Record `config` as the run's on its first start (`write`: this process may write it); on a later start,
-    raise ValueError if it differs from the record in any key but RESUMABLE ones."""
+    raise ValueError if it differs from the record in any key but RESUMABLE ones, and record the new values of
+    those. Every other key of the record stays as it was, including keys this version no longer has."""
     path = Path(output_dir) / "config.json"
-    if path.exists():
-        changes = config_changes(json.loads(path.read_text()), config)
-        if changes:
-            raise ValueError(f"{output_dir} holds a run started with another config ({'; '.join(changes)}); resume "
-                             f"with the same settings, pick a new output_dir, or delete {path} to continue this "
-                             "run's weights under the new settings")  # fmt: skip
-    elif write:
-        atomic_write_text(path, json.dumps(config, indent=1))
+    if not path.exists():
+        if write:
+            atomic_write_text(path, json.dumps(config, indent=1))
+        return
+    recorded = json.loads(path.read_text())
+    changes = config_changes(recorded, config)
+    if changes:
+        raise ValueError(f"{output_dir} holds a run started with another config ({'; '.join(changes)}); resume "
+                         f"with the same settings, pick a new output_dir, or delete {path} to continue this "
+                         "run's weights under the new settings")  # fmt: skip
+    moved = {k: config[k] for k in RESUMABLE if k in config and k in recorded and recorded[k] != config[k]}
+    if moved and write:
+        atomic_write_text(path, json.dumps({**recorded, **moved}, indent=1))
 
 
 def _dir(output_dir: str | Path) -> Path:

@@ -1,10 +1,11 @@
-"""Digests of initial weights (start.json): what makes two runs of one seed a pair."""
+"""Digests of initial weights (start.json): what makes two runs of one seed a pair; the recorded config."""
 
 import json
 
+import pytest
 import torch
 
-from aisrl.checkpoint import record_start, run_start, same_start, weights_digest
+from aisrl.checkpoint import record_config, record_start, run_start, same_start, weights_digest
 
 
 def test_weights_digest_sees_every_value_name_and_dtype_but_not_dict_order():
@@ -33,3 +34,16 @@ def test_start_is_recorded_once_and_runs_without_one_pair_with_anything(tmp_path
     record_start(b, model)
     assert run_start(a) != run_start(b) and not same_start(a, b)
     assert run_start(old) is None and same_start(a, old) and same_start(old, b)
+
+
+def test_a_resume_records_the_new_length_and_keeps_every_other_key(tmp_path):
+    first = {"max_steps": 100, "eval_every": 20, "lr": 5e-4, "lab": {"target": [0.4, 0.9]}}
+    record_config(tmp_path, first)
+    record_config(tmp_path, {**first, "max_steps": 300}, write=False)  # a rank that may not write changes nothing
+    assert json.loads((tmp_path / "config.json").read_text())["max_steps"] == 100
+    # a later version without lab.target: the key only the record has is kept, the resumable one moves
+    record_config(tmp_path, {"max_steps": 300, "eval_every": 20, "lr": 5e-4, "new_field": 1})
+    assert json.loads((tmp_path / "config.json").read_text()) == {**first, "max_steps": 300}
+    with pytest.raises(ValueError, match=r"another config \(lr: 0.0005 -> 0.001\)"):
+        record_config(tmp_path, {**first, "max_steps": 400, "lr": 1e-3})
+    assert json.loads((tmp_path / "config.json").read_text())["max_steps"] == 300  # a refused start writes nothing

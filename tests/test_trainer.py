@@ -72,6 +72,8 @@ def test_resume_with_other_settings_is_refused_naming_them(tmp_path):
     train(load_config("lab", [*TINY, "max_steps=2", f"output_dir={out}", "eval_every=1", "micro_batch=3"]),
           log=logs.append)  # fmt: skip
     assert [x["step"] for x in rows(out)] == [1, 2] and any("resumed" in line for line in logs)
+    recorded = json.loads((out / "config.json").read_text())  # the record says how the run goes on now
+    assert (recorded["max_steps"], recorded["eval_every"], recorded["micro_batch"]) == (2, 1, 3)
     logs.clear()
     train(load_config("lab", [*TINY, "max_steps=1", f"output_dir={out}"]), log=logs.append)
     assert any("already at step 2 (max_steps=1); nothing to train" in line for line in logs)
