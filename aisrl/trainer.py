@@ -198,7 +198,6 @@ def train(cfg: TrainConfig, log=print) -> dict:
         raise ValueError(f"the task gives {len(pool)} training and {len(held)} held-out problems; need at least "
                          f"prompts_per_step={cfg.prompts_per_step} and one held-out problem")  # fmt: skip
 
-    record_config(out, dataclasses.asdict(cfg), write=rank == 0)  # everything built: this run is under way
     start, prev_alpha, history, end_point, past = 0, None, [], {cfg.correction.name: 1.0}, []
     ckpt = latest_checkpoint(out)
     if ckpt is not None:
@@ -213,6 +212,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
         log(f"resumed from {ckpt} at step {start}")
     elif rank == 0:
         record_start(out, model)  # which weights this run starts from: pairs of runs must share them
+    # everything built: this run is under way (a resume with nothing left to train leaves the record as it is)
+    record_config(out, dataclasses.asdict(cfg), write=rank == 0 and start < cfg.max_steps)
     metrics_path = out / "metrics.jsonl"
     if rank == 0:
         rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []

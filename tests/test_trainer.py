@@ -77,6 +77,8 @@ def test_resume_with_other_settings_is_refused_naming_them(tmp_path):
     logs.clear()
     train(load_config("lab", [*TINY, "max_steps=1", f"output_dir={out}"]), log=logs.append)
     assert any("already at step 2 (max_steps=1); nothing to train" in line for line in logs)
+    # a start with nothing left to train records nothing
+    assert json.loads((out / "config.json").read_text())["max_steps"] == 2
 
 
 def test_a_batch_with_every_token_rejected_leaves_the_weights_alone(tmp_path, monkeypatch):
