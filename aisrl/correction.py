@@ -103,16 +103,19 @@ def _seq_tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
     return _seq_level(b, b.seq_log_w, cap, floor)
 
 
-def _prefix_tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
-    log_v = b.delta.cumsum(-1)  # (N, T): delta is 0 on masked tokens, so this sums the counted prefix
+def _token_level(b: Batch, log_v: torch.Tensor, cap: float, floor: float):
+    """Truncated per-token weights exp(log_v) (N, T), each token its own product of ratios."""
     v, clipped = _clip_exp(log_v, cap, floor)  # (N, T)
     return v, b.mask, clipped & b.mask, {}
+
+
+def _prefix_tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
+    # delta is 0 on masked tokens, so the cumulative sums run over the counted tokens only
+    return _token_level(b, b.delta.cumsum(-1), cap, floor)  # sum_{s<=t} delta_s
 
 
 def _suffix_tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
-    log_v = b.delta.flip(-1).cumsum(-1).flip(-1)  # (N, T): sum_{s>=t} delta_s over the counted tokens
-    v, clipped = _clip_exp(log_v, cap, floor)  # (N, T)
-    return v, b.mask, clipped & b.mask, {}
+    return _token_level(b, b.delta.flip(-1).cumsum(-1).flip(-1), cap, floor)  # sum_{s>=t} delta_s
 
 
 def _geo_mean_log(b: Batch) -> torch.Tensor:
