@@ -39,12 +39,34 @@ def _fsync(path: Path) -> None:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file and a rename: readers see the old file or the new one."""
+    """Write `text` to `path` through a temporary file and a rename: readers see the old file or the new one, and
+    the new one's bytes are on disk (fsync) before the rename, so a power loss cannot leave it empty."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The rows of a metrics file (empty if there is none). A last line that does not parse is a row whose append
+    was cut short (the run was killed, the disk filled up): it is dropped, and its step is trained again on resume.
+    A bad line anywhere else is an error naming the file and line."""
+    path = Path(path)
+    lines = path.read_text().splitlines() if path.exists() else []
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{path} line {i + 1} is not JSON ({e}); only the last line of a metrics file may be "
+                             "cut short. Remove the line (the steps after it are kept) to resume") from e  # fmt: skip
+    return rows
 
 
 RESUMABLE = ("max_steps", "eval_every", "checkpoint_every", "micro_batch", "output_dir", "device")

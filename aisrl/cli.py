@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="run a benchmark").add_subparsers(dest="bench", required=True)
     est = bench.add_parser(
         "estimator",
-        help="exact-gradient MSE of the mismatch corrections on an enumerable policy (DESIGN.md 8.1)",
+        help="exact-gradient MSE of the mismatch corrections on an enumerable policy (docs/ais.md section 3)",
     )
     est.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. batches=100 seed=1")
     est.add_argument("--out", help="JSON output path (default runs/estimator/estimator.json)")

@@ -1,5 +1,5 @@
 """The comparison study: the same GRPO recipe with high-precision rollouts and with low-precision rollouts
-under each mismatch correction, over several seeds (DESIGN.md section 8; issue 5).
+under each mismatch correction, over several seeds (docs/ais.md section 5; BENCHMARKS.md section 6).
 
     aisrl compare lab methods=[none,tis,icepop,seq_mask,ais] formats=[fp8_e4m3_w8a8,mxfp4] seeds=[0,1,2]
 
@@ -43,6 +43,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from aisrl.checkpoint import read_jsonl
 from aisrl.report import TIMES
 
 REFERENCE = "reference"
@@ -152,8 +153,7 @@ def plan(cfg: CompareConfig) -> list[Run]:
 
 def run_rows(path: Path) -> list[dict]:
     """The per-step metrics of the run in `path` (empty if it has none yet)."""
-    f = path / "metrics.jsonl"
-    return [json.loads(line) for line in f.read_text().splitlines()] if f.exists() else []
+    return read_jsonl(path / "metrics.jsonl")
 
 
 def _check_recorded(runs: list[Run], cfg: CompareConfig) -> None:

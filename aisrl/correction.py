@@ -1,7 +1,7 @@
 """Rollout/trainer mismatch corrections, selectable by name, as plain functions of tensors.
 
 Every correction turns (old_logp, rollout_logp, mask) into detached per-token loss multipliers and
-a loss mask (DESIGN.md sections 3-4):
+a loss mask (docs/ais.md section 1 for AIS):
 
     res = correct("ais", old_logp, rollout_logp, mask, cap=2.0)
     loss, m = grpo_loss(logp, old_logp, adv, res.mask, weights=res.weights)
@@ -14,8 +14,9 @@ G = exp(mean_t delta) (geometric):
 - seq_tis:   clip(W, floor, cap) for every token of the sequence.
 - prefix_tis: clip(prod_{s<=t} w_s, floor, cap) for token t: per-decision IS (Precup et al. 2000), which
              corrects the distribution of the token and of its context but not of the tokens after it.
-             A token dropped as unusable (NaN) counts as w = 1 in later prefixes; a rollout log-prob
-             of -inf makes w huge, so the rest of that sequence sits at the cap.
+             A token dropped as unusable (NaN) counts as w = 1 in later prefixes; one the trainer gives no
+             probability (old_logp = -inf) as w = 0, so the rest of its sequence gets weight ~0; a rollout
+             log-prob of -inf makes w huge, so the rest of that sequence sits at the cap.
 - suffix_tis: clip(prod_{s>=t} w_s, floor, cap) for token t: corrects the token and the tokens after it, which
              the sequence's reward depends on (its conditional expectation given the context is then the trainer's,
              as in off-policy actor-critic, Degris et al. 2012), but not the distribution of the context.
@@ -159,12 +160,12 @@ def _kl_reject(b: Batch, estimator: str, threshold: float = 0.05, level: str = "
         raise ValueError(f"{estimator}_reject threshold must be >= 0, got {threshold}")
     d = b.delta
     k = {"k1": -d, "k2": 0.5 * d**2, "k3": (d.exp() - 1.0 - d).clamp(min=0.0)}[estimator]  # (N, T)
-    k = torch.where(b.mask, k, 0.0)
+    k = torch.where(b.mask | b.zero, k, 0.0)  # a zero-probability token counts towards its sequence's KL
     if level == "token":
         keep = b.mask & (k.abs() <= threshold)
     else:
         if level == "seq_max":
-            agg = torch.where(b.mask, k.abs(), 0.0).amax(-1)  # (N,)
+            agg = k.abs().amax(-1) if k.shape[-1] else k.new_zeros(k.shape[:1])  # (N,)
         else:
             agg = k.sum(-1)
             agg = agg / b.seq_len.clamp(min=1.0) if level == "seq_mean" else agg
@@ -175,7 +176,7 @@ def _kl_reject(b: Batch, estimator: str, threshold: float = 0.05, level: str = "
 def _veto(b: Batch, threshold: float = 1e-4):
     if not threshold > 0:
         raise ValueError(f"veto threshold must be > 0, got {threshold}")
-    bad = (b.mask & (b.delta < math.log(threshold))).any(-1)  # (N,)
+    bad = ((b.mask | b.zero) & (b.delta < math.log(threshold))).any(-1)  # (N,) zero-probability tokens included
     return torch.ones_like(b.delta), b.mask & ~_per_seq(bad), torch.zeros_like(b.mask), {}
 
 
@@ -290,7 +291,28 @@ def _application_metrics(b: Batch, weights, keep, clipped) -> dict[str, torch.Te
     return out
 
 
+def check_options(name: str, **options) -> None:
+    """Raise the ValueError `correct(name, ..., **options)` would (unknown name or option, a bad cap, band or
+    alpha), now: on a one-token batch, before any model is built or any rollout is sampled."""
+    one = torch.zeros(1, 1)
+    correct(name, one, one, torch.ones(1, 1, dtype=torch.bool), **options)
+
+
+def restrict(res: CorrectionResult, keep: torch.Tensor) -> CorrectionResult:
+    """The result with only the tokens in `keep` (N, T) left in the loss (a veto, a guard applied after the
+    correction); the mask fractions and the applied-weight statistics are recomputed on the final mask."""
+    mask = res.mask & keep.to(res.mask.device)
+    weights = torch.where(mask, res.weights, 0.0)  # (N, T)
+    n_keep, n_seq_keep = all_sum(_s(mask.double()), mask.any(-1).sum(dtype=torch.float64))
+    n, n_seq = res.metrics["num_tokens"].double(), res.metrics["num_seqs"].double()
+    metrics = dict(res.metrics)
+    metrics["mask_frac_token"] = _div(n - n_keep, n)
+    metrics["mask_frac_seq"] = _div(n_seq - n_seq_keep, n_seq)
+    metrics.update(weight_stats(weights, mask, "weight"))
+    return CorrectionResult(weights, mask, {k: v.detach().float() for k, v in metrics.items()})
+
+
 def ais_weights(old_logp, rollout_logp, mask, cap: float = 2.0, **options):
-    """`w, metrics = ais_weights(...)`: the AIS weights as in DESIGN.md's house-style example."""
+    """`w, metrics = ais_weights(...)`: the AIS weights and their metrics in one call."""
     res = correct("ais", old_logp, rollout_logp, mask, cap=cap, **options)
     return res.weights, res.metrics

@@ -1,6 +1,6 @@
 """Rollout/trainer mismatch diagnostics, computed robustly from per-token log-probs.
 
-Notation (DESIGN.md section 2): `delta = old_logp - rollout_logp`, token IS weight `w = exp(delta)`,
+Notation (docs/ais.md section 1): `delta = old_logp - rollout_logp`, token IS weight `w = exp(delta)`,
 sequence weight `W = exp(sum_t delta)`. Samples come from the rollout policy mu, so every mean below
 is a Monte Carlo estimate under mu:
 
@@ -12,8 +12,11 @@ is a Monte Carlo estimate under mu:
 
 Robustness rules, applied once in `prepare` so every correction shares them: masked positions may
 hold anything (NaN, -inf) and never reach a statistic; a counted token whose log-ratio is NaN or whose
-trainer log-prob is not finite (the trainer gives it no probability, so its gradient is undefined) leaves
-the loss mask (counted in `nonfinite_frac`); log-ratios are clamped to +-LOG_RATIO_CLAMP (so a rollout
+trainer log-prob is not finite leaves the loss mask (counted in `nonfinite_frac`). A trainer log-prob of -inf
+with a finite rollout one (a token outside the trainer's top-k / top-p nucleus) is the extreme of mismatch, w = 0:
+its gradient is undefined, so it leaves the loss, but it stays in the products of ratios (`zero` marks it; its
+delta is -LOG_RATIO_CLAMP), so sequence-level weights, ESS, the prefix / suffix products and the veto see a
+sequence the trainer cannot produce (`zero_prob_frac`). Log-ratios are clamped to +-LOG_RATIO_CLAMP (so a rollout
 log-prob of -inf gives a huge weight that truncation caps), and every exponent of a sequence-level quantity
 is bounded by EXP_CLAMP, so no metric is NaN or inf.
 All sums go through `aisrl.dist` so sharded batches give the single-process values.
@@ -42,8 +45,9 @@ class Batch:
 
     old_logp: torch.Tensor  # (N, T) floored at LOGP_FLOOR where counted, 0 elsewhere
     rollout_logp: torch.Tensor  # (N, T) same
-    delta: torch.Tensor  # (N, T) old_logp - rollout_logp, clamped, 0 where not counted
-    mask: torch.Tensor  # (N, T) bool: counted tokens (input mask minus NaN positions)
+    delta: torch.Tensor  # (N, T) old_logp - rollout_logp, clamped; -LOG_RATIO_CLAMP at `zero`, 0 where not counted
+    mask: torch.Tensor  # (N, T) bool: counted tokens (input mask minus NaN / zero-probability positions)
+    zero: torch.Tensor  # (N, T) bool: tokens the trainer gives no probability (w = 0), outside `mask`
     seq_mask: torch.Tensor  # (N,) bool: sequences with at least one counted token
     seq_log_w: torch.Tensor  # (N,) sum_t delta, the log sequence weight
     seq_len: torch.Tensor  # (N,) number of counted tokens
@@ -51,7 +55,7 @@ class Batch:
 
     @property
     def w(self) -> torch.Tensor:
-        return self.delta.exp()  # (N, T), exactly 1 where not counted
+        return self.delta.exp()  # (N, T), exactly 1 where not counted, ~2e-9 where `zero`
 
 
 def prepare(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> Batch:
@@ -73,8 +77,10 @@ def prepare(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tens
     # A counted token is unusable when either side is NaN, or the trainer gives it no probability
     # (old_logp = -inf: its log-prob gradient is undefined). rollout_logp = -inf only makes w huge: clamped.
     nan = (torch.isnan(raw) | ~torch.isfinite(old)) & given
+    impossible = given & (old == -math.inf) & ~torch.isnan(roll) & (roll > -math.inf)  # (N, T) w = 0 exactly
     keep = given & ~nan
     delta = torch.where(keep, raw.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), 0.0)  # (N, T)
+    delta = torch.where(impossible, -LOG_RATIO_CLAMP, delta)
     zero = torch.zeros((), dtype=old.dtype, device=old.device)
     old = torch.where(keep, old.clamp(min=LOGP_FLOOR), zero)
     roll = torch.where(keep, roll.clamp(min=LOGP_FLOOR), zero)
@@ -84,6 +90,7 @@ def prepare(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tens
         rollout_logp=roll,
         delta=delta,
         mask=keep,
+        zero=impossible,
         seq_mask=seq_len > 0,
         seq_log_w=delta.sum(-1),
         seq_len=seq_len,
@@ -143,17 +150,17 @@ def weight_stats(x: torch.Tensor, where: torch.Tensor, prefix: str) -> dict[str,
 
 
 def mismatch_metrics(b: Batch) -> dict[str, torch.Tensor]:
-    """The DESIGN.md section 4 metric set that depends only on the inputs (not on a correction)."""
+    """The mismatch metrics that depend only on the inputs (not on a correction)."""
     m = b.mask
     d = b.delta.double()
     w = d.exp()  # (N, T) in float64: k3 = expm1(d) - d keeps precision for tiny mismatches
     k3 = (torch.expm1(d) - d).clamp(min=0.0)  # (N, T) >= 0 analytically; clamp rounding noise
     n_given = m.sum(dtype=torch.float64) + b.n_nonfinite.double()
-    n, s_d, s_absd, s_k3, s_w2, s_old, s_roll, s_hi, s_lo, n_seq, nonfin = all_sum(
+    n, s_d, s_absd, s_k3, s_w2, s_old, s_roll, s_hi, s_lo, n_seq, nonfin, n_zero = all_sum(
         _s(m.double()), _s(d, m), _s(d.abs(), m), _s(k3, m), _s(w**2, m),
         _s(b.old_logp.double(), m), _s(b.rollout_logp.double(), m),
         _s((w > 2.0).double(), m), _s((w < 0.5).double(), m),
-        _s(b.seq_mask.double()), n_given,
+        _s(b.seq_mask.double()), n_given, _s(b.zero.double()),
     )  # fmt: skip
     (max_absd,) = all_max(_ext(b.delta.abs(), m, largest=True))
     # Sequence weights W = exp(seq_log_w): ESS and chi2 in log space.
@@ -181,6 +188,7 @@ def mismatch_metrics(b: Batch) -> dict[str, torch.Tensor]:
         "ratio_frac_above_2": _div(s_hi, n),
         "ratio_frac_below_half": _div(s_lo, n),
         "nonfinite_frac": _div(nonfin - n, nonfin),
+        "zero_prob_frac": _div(n_zero, nonfin),
         "num_tokens": n,
         "num_seqs": n_seq,
     }

@@ -3,7 +3,7 @@
 Every batch statistic in aisrl (a diagnostic, a loss denominator) is built from sums, maxima and
 minima of per-token quantities. When `torch.distributed` is initialised, those are all-reduced
 across ranks *before* any ratio is taken, so a statistic computed on a sharded batch equals the one
-computed on the whole batch in a single process (DESIGN.md section 3, property 6). Each helper
+computed on the whole batch in a single process (AIS property 6, tests/test_dist.py). Each helper
 stacks its arguments and issues a single collective, so a metric set costs a handful of
 all-reduces, not one per number.
 """

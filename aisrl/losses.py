@@ -84,10 +84,16 @@ def _like(x: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
     return x.detach().to(device=logp.device, dtype=logp.dtype)
 
 
+def _at_least_fp32(logp: torch.Tensor) -> torch.Tensor:
+    """BF16 / FP16 log-probs upcast to FP32 (differentiably): the surrogate, and the weights and advantages cast to
+    logp's dtype, would otherwise be rounded to 8 bits of mantissa, and a weight of 1.0015 would become 1."""
+    return logp.float() if logp.is_floating_point() and logp.element_size() < 4 else logp
+
+
 def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
     """k3 estimate of a KL per token, exp(x) - x - 1 (Schulman 2020), on the log-ratio clamped to +-RATIO_LOG_CLAMP
     so a stray -inf or huge log-prob gives a large finite value, not inf."""
-    x = log_ratio.clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)
+    x = torch.nan_to_num(log_ratio, nan=0.0).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)  # NaN (e.g. -inf - -inf) -> 0
     return x.exp() - x - 1.0
 
 
@@ -104,6 +110,7 @@ def clipped_surrogate(
     Returns (l, ratio, log_ratio, clipped, dual), each (N, T); `clipped`/`dual` flag tokens where the clip or
     the dual clip is active. Shared by grpo_loss and the verl adapter (which aggregates with verl's agg_loss)."""
     _check_inputs(logp, old_logp, on, dual_clip)
+    logp = _at_least_fp32(logp)
     on, old_logp = on.to(logp.device), old_logp.to(logp.device)
     adv = _like(adv, logp)
     adv = adv[:, None] if adv.dim() == 1 else adv  # (N, 1) or (N, T)
@@ -147,6 +154,7 @@ def grpo_loss(
             "agg='seq-mean-token-sum-norm' needs horizon=<max completion length> (a constant, not the padded "
             f"width, so padding and sharding cannot change the loss); got horizon={horizon!r}"
         )
+    logp = _at_least_fp32(logp)
     m = _like(mask, logp)  # (N, T)
     on = m > 0
     pg, ratio, log_ratio, clipped, dual = clipped_surrogate(logp, old_logp, adv, on, clip, dual_clip)
@@ -202,6 +210,7 @@ def tbpo_loss(
     if agg != "seq-mean":
         raise ValueError(f"tbpo aggregates per sequence; agg must be 'seq-mean', got {agg!r}")
     _check_inputs(logp, old_logp, mask, dual_clip, ref_logp, kl_coef)
+    logp = _at_least_fp32(logp)
     m = _like(mask, logp)  # (N, T)
     on = m > 0
     lens = m.sum(-1)  # (N,)
@@ -242,3 +251,6 @@ def tbpo_loss(
 
 LOSSES = {"grpo": grpo_loss, "tbpo": tbpo_loss}
 """Policy losses by name (TrainConfig.loss)."""
+SEQ_METRICS = {"grpo": frozenset(), "tbpo": frozenset({"pg_clip_frac", "pg_dual_clip_frac", "ratio_mean"})}
+"""The metrics each loss averages over sequences; every other metric except `loss` is a mean over tokens. Averaging
+micro-batches' metrics needs to know which (aisrl.update.accumulate_gradient)."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from aisrl.checkpoint import read_jsonl
+
 
 def _mean(xs):
     xs = [x for x in xs if x is not None]
@@ -67,7 +69,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def write_report(out: str | Path) -> dict:
     out = Path(out)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(out / "metrics.jsonl")
     summary = summarize(rows)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     try:

@@ -17,10 +17,12 @@ import torch
 
 from aisrl.calibrate import RULES, check_candidates, check_mixable
 from aisrl.config import apply_mapping, apply_overrides
-from aisrl.correction import CORRECTIONS, correct, options_of
+from aisrl.correction import CORRECTIONS, check_options, options_of
 from aisrl.lab import LabConfig
 from aisrl.losses import AGGREGATIONS, LOSSES
 from aisrl.quant import quant_config
+from aisrl.rollout import SamplingParams
+from aisrl.tasks import TASKS
 
 PRESET_DIR = Path(__file__).parent / "presets"
 DEFAULT_PRESET = "lab_columns"  # the main job (`make run`): what `aisrl train` and `aisrl eval` run without a preset
@@ -200,7 +202,10 @@ def load_config(preset: str | None = None, overrides: list[str] | None = None) -
         if not path.is_file():
             names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
             raise ValueError(f"unknown preset {preset!r}: not a YAML file and not one of {names}")
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path} is not valid YAML: {e}") from e
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a preset must be a mapping of config keys")
         try:
@@ -266,8 +271,7 @@ def validate(cfg: TrainConfig) -> None:
                              "trainer's log-probs (correction.bypass=false) and neither rollout.pool nor rollout.align")
     for name in cfg.correction.candidates if calibrating else [cfg.correction.name]:
         try:  # the correction checks its own options (cap, ema, alpha) on a one-token batch, before any model
-            correct(name, torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool),
-                    **correction_options(cfg, None, name))  # fmt: skip
+            check_options(name, **correction_options(cfg, None, name))
         except ValueError as e:
             raise ValueError(f"correction settings: {e}") from e
     if calibrating and cfg.correction.calibrate_rule == "mix":
@@ -318,6 +322,19 @@ def validate(cfg: TrainConfig) -> None:
                 "eval_problems", "train_problems"):  # fmt: skip
         if getattr(cfg, key) < 1:
             raise ValueError(f"config key {key!r} must be >= 1, got {getattr(cfg, key)}")
+    for key, ok, what in (("lr", cfg.lr > 0, "> 0"), ("warmup_steps", cfg.warmup_steps >= 0, ">= 0"),
+                          ("clip_low", 0 <= cfg.clip_low < 1, "in [0, 1) (the ratio's lower bound is 1 - clip_low)"),
+                          ("clip_high", cfg.clip_high >= 0, ">= 0"), ("kl_coef", cfg.kl_coef >= 0, ">= 0"),
+                          ("grad_clip", cfg.grad_clip >= 0, ">= 0 (0 = off)")):  # fmt: skip
+        if not ok:
+            raise ValueError(f"config key {key!r} must be {what}, got {getattr(cfg, key)}")
+    if cfg.task not in TASKS:
+        raise ValueError(f"unknown task {cfg.task!r}; choose from {sorted(TASKS)}")
+    if cfg.model.kind == "causal":  # the sampler's own checks, before the lab's warm start or a model load
+        try:
+            SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
+        except ValueError as e:
+            raise ValueError(f"rollout settings: {e}") from e
 
 
 def correction_options(cfg: TrainConfig, prev_alpha, name: str | None = None):
@@ -326,7 +343,7 @@ def correction_options(cfg: TrainConfig, prev_alpha, name: str | None = None):
     name, opts = name or cfg.correction.name, {}
     if "cap" in options_of(name):
         opts["cap"] = cfg.correction.cap
-    if name == "ais" and cfg.correction.ema > 0:
+    if cfg.correction.ema > 0:  # as with alpha, a correction other than ais refuses it rather than ignoring it
         opts.update(ema=cfg.correction.ema, prev_alpha=prev_alpha)
     if cfg.correction.alpha is not None:  # any other correction refuses the option, naming the ones it takes
         opts["alpha"] = cfg.correction.alpha

@@ -1,4 +1,4 @@
-"""GRPO with low-precision rollouts and mismatch correction, top to bottom (DESIGN.md section 6).
+"""GRPO with low-precision rollouts and mismatch correction, top to bottom.
 
 One step:
     prompts -> G rollouts each from the quantised copy (rollout_logp from the processed distribution)
@@ -32,11 +32,12 @@ from aisrl.checkpoint import (
     atomic_write_text,
     latest_checkpoint,
     load_checkpoint,
+    read_jsonl,
     record_config,
     record_start,
     save_checkpoint,
 )
-from aisrl.correction import correct
+from aisrl.correction import correct, restrict
 from aisrl.dist import all_sum
 from aisrl.lora import apply_lora, merged_state
 from aisrl.losses import group_advantages
@@ -138,11 +139,6 @@ def completion_texts(tok, r) -> list[str]:
             for i in range(r.completion_ids.shape[0])]  # fmt: skip
 
 
-def _keep_only(res, keep: torch.Tensor):
-    """The correction result with only the tokens in `keep` (N, T) left in the loss."""
-    return res._replace(mask=res.mask & keep, weights=torch.where(keep, res.weights, 0.0))
-
-
 def _init_distributed(device: torch.device) -> tuple[int, int]:
     """(rank, world) - joins the torchrun process group when launched by torchrun: gloo for the CPU tensors
     (statistics, losses), NCCL for CUDA ones (gradients) when the models are on GPUs."""
@@ -216,8 +212,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
     record_config(out, dataclasses.asdict(cfg), write=rank == 0 and start < cfg.max_steps)
     metrics_path = out / "metrics.jsonl"
     if rank == 0:
-        rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
-        rows = [r for r in rows if r["step"] <= start]  # drop rows of steps after the checkpoint
+        rows = [r for r in read_jsonl(metrics_path) if r["step"] <= start]  # drop rows of steps after the checkpoint
         atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
     if start >= cfg.max_steps:
         log(f"{out} is already at step {start} (max_steps={cfg.max_steps}); nothing to train")
@@ -290,12 +285,12 @@ def train(cfg: TrainConfig, log=print) -> dict:
         res.metrics["error_token_frac"] = n_err / res.metrics["num_tokens"].clamp(min=1)
         if cfg.correction.veto > 0:  # whole sequences that hold a catastrophic token leave the loss
             veto = correct("veto", old_logp, r.rollout_logp, r.completion_mask, threshold=cfg.correction.veto)
-            res = _keep_only(res, veto.mask)
+            res = restrict(res, veto.mask)
             res.metrics["veto_frac_seq"] = veto.metrics["mask_frac_seq"]
         if cfg.correction.mask_errors:
-            res = _keep_only(res, ~errors)
+            res = restrict(res, ~errors)
         if guard.tripped(res.metrics["k3_kl"].item()):  # the last update left the rollout copy behind: undo it
-            res = _keep_only(res, torch.zeros_like(res.mask))
+            res = restrict(res, torch.zeros_like(res.mask))
             res.metrics["guard_rollback"] = torch.tensor(float(guard.restore(model, opt)))
         elif cfg.correction.guard > 0:
             guard.save(model, opt)

@@ -1,4 +1,4 @@
-"""Estimator-quality benchmark (DESIGN.md 8.1): writes benchmarks/results/estimator.json and the
+"""Estimator-quality benchmark (docs/ais.md section 3): writes benchmarks/results/estimator.json and the
 `estimator` section of BENCHMARKS.md.
 
     python benchmarks/estimator.py [key=value ...]     # e.g. seed=1 groups=4 group_size=4

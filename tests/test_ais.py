@@ -1,4 +1,10 @@
-"""DESIGN.md section 3 properties of AIS (1-5; 6 is in test_dist.py), plus hypothesis robustness."""
+"""The properties AIS must have, plus hypothesis robustness:
+1. no mismatch: every weight 1, the loss and its gradient those of uncorrected GRPO, for any alpha;
+2. alpha = 0 is the uncorrected loss, alpha = 1 token TIS with cap C;
+3. 1 - alpha <= omega <= max(1, C), and nothing NaN/inf for log-ratios of +-1e3 or -inf;
+4. alpha in [0, 1], rising with severity, falling with amplification and with low reliability;
+5. padding changes no diagnostic, and no gradient flows through omega, alpha, old_logp or rollout_logp;
+6. (tests/test_dist.py) sharded batches give the single-process diagnostics."""
 
 import math
 

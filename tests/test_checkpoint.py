@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from aisrl.checkpoint import record_config, record_start, run_start, same_start, weights_digest
+from aisrl.checkpoint import read_jsonl, record_config, record_start, run_start, same_start, weights_digest
 
 
 def test_weights_digest_sees_every_value_name_and_dtype_but_not_dict_order():
@@ -47,3 +47,13 @@ def test_a_resume_records_the_new_length_and_keeps_every_other_key(tmp_path):
     with pytest.raises(ValueError, match=r"another config \(lr: 0.0005 -> 0.001\)"):
         record_config(tmp_path, {**first, "max_steps": 400, "lr": 1e-3})
     assert json.loads((tmp_path / "config.json").read_text())["max_steps"] == 300  # a refused start writes nothing
+
+
+def test_metrics_file_with_a_cut_last_line_reads_without_it(tmp_path):
+    f = tmp_path / "metrics.jsonl"
+    assert read_jsonl(f) == []  # no file yet
+    f.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "rew')
+    assert read_jsonl(f) == [{"step": 1}, {"step": 2}]
+    f.write_text('{"step": 1}\n{"st\n{"step": 3}\n')
+    with pytest.raises(ValueError, match="metrics.jsonl line 2 is not JSON"):
+        read_jsonl(f)

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from aisrl.correction import CORRECTIONS, ais_weights, correct
+from aisrl.correction import CORRECTIONS, ais_weights, correct, restrict
+from aisrl.diagnostics import LOG_RATIO_CLAMP
 
 W_A, W_B = [2.5, 0.4, 1.0], [4.0, 1.5]
 SEQ_W = [math.prod(W_A), math.prod(W_B)]  # [1.0, 6.0]
@@ -277,6 +278,60 @@ def test_trainer_minus_inf_logp_drops_the_token(batch):
     res = correct("ais", old, roll, mask)
     assert not res.mask[1, 0] and res.mask[1, 1]
     close(res.metrics["nonfinite_frac"], 1 / 5)
+
+
+def test_zero_probability_token_is_w_zero_in_every_product():
+    # The trainer gives the second token of sequence 0 no probability (outside its top-p nucleus): w = 0 there. It
+    # leaves the loss, but the sequence's weight, the prefix / suffix products, ESS and the rejection rules see it.
+    inf = float("inf")
+    old = torch.tensor([[-1.0, -inf, -1.0], [-1.0, -1.0, -1.0]])
+    roll = torch.tensor([[-1.0, -0.1, -1.0], [-1.0, -1.0, -1.0]])
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    tiny = math.exp(-LOG_RATIO_CLAMP)  # the clamped w = 0
+    expected = {
+        "tis": [1.0, 0.0, 1.0],
+        "seq_tis": [tiny, 0.0, tiny],
+        "prefix_tis": [1.0, 0.0, tiny],
+        "suffix_tis": [tiny, 0.0, 1.0],
+    }
+    for name, row in expected.items():
+        res = correct(name, old, roll, mask)
+        assert res.mask[0].tolist() == [True, False, True], name
+        assert torch.allclose(res.weights[0], torch.tensor(row), rtol=1e-5, atol=0), (name, res.weights[0])
+        assert res.weights[1].tolist() == [1.0, 1.0, 1.0]
+        close(res.metrics["ess"], 0.5)  # W = (~0, 1): (0 + 1)^2 / (2 * 1)
+        close(res.metrics["zero_prob_frac"], 1 / 6)
+        close(res.metrics["nonfinite_frac"], 1 / 6)
+    for name, opts in [("seq_mask", {}), ("veto", {"threshold": 1e-3}), ("k3_reject", {"level": "seq_max"})]:
+        res = correct(name, old, roll, mask, **opts)
+        assert res.mask.tolist() == [[False] * 3, [True] * 3], name
+    # A NaN is not a zero probability: it stays neutral (w = 1) in the products.
+    res = correct("seq_tis", old.nan_to_num(nan=0.0, neginf=float("nan")), roll, mask)
+    close(res.metrics["zero_prob_frac"], 0.0)
+    assert res.weights[0].tolist() == [1.0, 0.0, 1.0]
+
+
+def test_restrict_recomputes_what_the_loss_keeps(batch):
+    res = correct("tis", *batch, cap=3.0)
+    keep = torch.ones_like(res.mask)
+    keep[0] = False  # a veto of the first sequence
+    out = restrict(res, keep)
+    assert out.mask.tolist() == (res.mask & keep).tolist() and (out.weights[0] == 0).all()
+    assert torch.equal(out.weights[1:], res.weights[1:])
+    n, kept = res.mask.sum().item(), res.mask[1:].sum().item()
+    close(out.metrics["mask_frac_token"], (n - kept) / n)
+    close(out.metrics["mask_frac_seq"], 1 / res.mask.shape[0])
+    close(out.metrics["weight_mean"], res.weights[1:][res.mask[1:]].mean().item())
+    close(out.metrics["k3_kl"], res.metrics["k3_kl"].item())  # the mismatch itself is what the rollouts had
+    none = restrict(res, torch.zeros_like(res.mask))
+    close(none.metrics["mask_frac_token"], 1.0)
+    close(none.metrics["weight_mean"], 0.0)
+
+
+def test_seq_max_rejection_of_an_empty_batch():
+    empty = torch.zeros(3, 0), torch.zeros(3, 0), torch.zeros(3, 0, dtype=torch.bool)
+    res = correct("k3_reject", *empty, level="seq_max")
+    assert res.mask.shape == (3, 0) and all(torch.isfinite(v) for v in res.metrics.values())
 
 
 @pytest.mark.parametrize(

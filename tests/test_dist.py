@@ -1,4 +1,4 @@
-"""DESIGN.md section 3 property 6: two gloo processes give the single-process diagnostics and gradient."""
+"""AIS property 6 (tests/test_ais.py): two gloo processes give the single-process diagnostics and gradient."""
 
 import json
 import os

@@ -201,3 +201,29 @@ def test_kl_metrics_stay_finite_for_extreme_log_ratios(loss_fn):
     bound = math.exp(RATIO_LOG_CLAMP)  # the k3 of the clamped log-ratio, the largest a token can give
     for key in ("approx_kl", "kl_ref"):
         assert math.isfinite(m[key].item()) and 0 < m[key].item() <= bound, key
+
+
+@pytest.mark.parametrize("loss_fn", [grpo_loss, tbpo_loss])
+def test_kl_to_reference_of_a_token_impossible_under_both_is_not_nan(loss_fn):
+    inf = float("inf")
+    logp = torch.tensor([[-1.0, -inf]], requires_grad=True)  # the second token is outside both nuclei
+    ref = torch.tensor([[-1.5, -inf]])  # -inf - -inf = NaN
+    loss, m = loss_fn(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool),
+                      ref_logp=ref, kl_coef=0.1)  # fmt: skip
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
+    k3 = math.exp(-0.5) + 0.5 - 1  # the first token's; the NaN one counts as no divergence
+    assert m["kl_ref"].item() == pytest.approx(k3 / 2, rel=1e-5)
+
+
+@pytest.mark.parametrize("loss_fn", [grpo_loss, tbpo_loss])
+def test_bf16_log_probs_keep_the_weights_exact(loss_fn):
+    """Small AIS weights such as 1.0015 round to 1 in BF16; the loss upcasts BF16 log-probs to FP32 so they do not."""
+    w = torch.tensor([[1.0015, 0.9985, 1.003, 1.0]])
+    logp = torch.zeros(1, 4, dtype=torch.bfloat16, requires_grad=True)
+    agg = {"agg": "seq-mean"} if loss_fn is tbpo_loss else {}
+    loss, _ = loss_fn(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 4, dtype=torch.bool), weights=w, **agg)
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(-w.mean().item(), rel=1e-6)  # -A mean_t(w_t r_t) at r = 1: -1.000750
+    loss.backward()
+    assert logp.grad.dtype == torch.bfloat16 and torch.isfinite(logp.grad.float()).all()

@@ -47,6 +47,8 @@ def test_resume_is_exact(tmp_path, monkeypatch):
     a, b = tmp_path / "a", tmp_path / "b"
     train(load_config("lab", [*TINY, "max_steps=6", f"output_dir={a}", "checkpoint_every=3"]), log=lambda _: None)
     train(load_config("lab", [*TINY, "max_steps=3", f"output_dir={b}", "checkpoint_every=3"]), log=lambda _: None)
+    with (b / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "rew')  # a row whose append was cut short when the run was killed
     train(load_config("lab", [*TINY, "max_steps=6", f"output_dir={b}", "checkpoint_every=3"]), log=lambda _: None)
     ra, rb = rows(a), rows(b)
     assert [x["step"] for x in rb] == [1, 2, 3, 4, 5, 6]
@@ -107,16 +109,20 @@ def test_a_batch_with_every_token_rejected_leaves_the_weights_alone(tmp_path, mo
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
 
 
-def test_micro_batches_in_length_order_accumulate_the_full_batch_gradient(tmp_path, monkeypatch):
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batches_in_length_order_accumulate_the_full_batch_gradient(tmp_path, monkeypatch, agg):
     monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
     got = {}
     for mb in (16, 3):  # one micro-batch of all 16 rows, and uneven ones of rows regrouped by length
         out = tmp_path / f"mb{mb}"
-        train(load_config("lab", [*TINY, "max_steps=1", f"micro_batch={mb}", f"output_dir={out}"]), log=lambda _: None)
+        # two epochs, so that the second one's PPO ratio moves off 1 and its clip / ratio / KL metrics are not zero
+        cfg = load_config("lab", [*TINY, "max_steps=1", f"micro_batch={mb}", f"output_dir={out}", "epochs=2",
+                                  f"agg={agg}", "lr=3e-3"])  # fmt: skip
+        train(cfg, log=lambda _: None)
         got[mb] = rows(out)[0]
-    assert got[16]["grad_norm"] > 0
-    for key in ("grad_norm", "reward", "k3_kl", "completion_len"):
-        assert got[3][key] == pytest.approx(got[16][key], rel=1e-4), key
+    assert got[16]["grad_norm"] > 0 and got[16]["approx_kl"] > 0 and got[16]["ratio_mean"] != 1.0
+    for key in ("grad_norm", "reward", "k3_kl", "completion_len", "loss", "ratio_mean", "approx_kl", "pg_clip_frac"):
+        assert got[3][key] == pytest.approx(got[16][key], rel=1e-3, abs=1e-7), key
 
 
 def test_static_engine_rollouts_train_and_resume_exactly(tmp_path, monkeypatch):
@@ -178,6 +184,12 @@ save_checkpoint({str(tmp_path)!r}, 2, m, torch.optim.AdamW(m.parameters()), {{}}
         (["sample_salt=-1"], "sample_salt must be in [0, 1000000), got -1"),
         (["correction.veto=1.5"], "correction.veto is a weight below which a sequence is dropped"),
         (["correction.guard=0.5"], "correction.guard is a factor over the recent k3 KL"),
+        (["rollout.temperature=0"], "rollout settings: temperature must be > 0"),
+        (["rollout.top_p=2"], "rollout settings: top_p must be in (0, 1]"),
+        (["lr=-1"], "config key 'lr' must be > 0, got -1"),
+        (["clip_low=1.5"], "config key 'clip_low' must be in [0, 1)"),
+        (["kl_coef=-0.1"], "config key 'kl_coef' must be >= 0"),
+        (["correction.name=tis", "correction.ema=0.9"], "correction 'tis' got unknown option(s) ['ema', 'prev_alpha']"),
     ],
 )
 def test_bad_config_fails_with_a_clear_message(args, message, capsys, monkeypatch):
@@ -187,9 +199,14 @@ def test_bad_config_fails_with_a_clear_message(args, message, capsys, monkeypatc
     assert message in err and "Traceback" not in err
 
 
-def test_unknown_preset_lists_the_presets(capsys):
+def test_unknown_preset_lists_the_presets(capsys, tmp_path):
     assert main(["train", "nonexistent-preset"]) == 2
     assert "unknown preset 'nonexistent-preset'" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lr: : 3\n")
+    assert main(["train", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml is not valid YAML" in err and "Traceback" not in err
 
 
 def test_small_pool_and_non_positive_settings_fail_clearly(capsys):
@@ -278,6 +295,9 @@ def test_veto_drops_the_sequences_that_hold_a_catastrophic_token(tmp_path, monke
     assert "veto_frac_seq" not in a and a["update_skipped"] == 0.0 and a["grad_norm"] > 0
     assert b["veto_frac_seq"] == 1.0 and b["update_skipped"] == 1.0  # every sequence has a token with w < 1 - 1e-6
     assert c["veto_frac_seq"] == 0.0 and c["grad_norm"] == a["grad_norm"]  # nothing that unlikely: the same update
+    # the logged mask fractions and applied weights describe what was trained on, after the veto
+    assert a["mask_frac_seq"] == 0.0 and b["mask_frac_seq"] == 1.0 and b["mask_frac_token"] == 1.0
+    assert b["weight_mean"] == 0.0 and c["weight_mean"] == a["weight_mean"] > 0
 
 
 def test_mismatch_guard_trips_on_a_jump_of_the_k3_kl_and_restores_the_saved_weights():
@@ -296,6 +316,8 @@ def test_mismatch_guard_trips_on_a_jump_of_the_k3_kl_and_restores_the_saved_weig
     model.weight.grad = torch.ones_like(model.weight)
     opt.step()
     assert g.restore(model, opt) and torch.equal(model.weight, before) and opt.state_dict()["state"] == {}
+    exact = MismatchGuard(4.0, window=4, history=[0.0, 0.0])  # bit-identical rollouts: the median is 0
+    assert not exact.tripped(1e-7) and exact.tripped(2 * MismatchGuard.MIN_K3)
     off = MismatchGuard(0.0)
     assert not off.tripped(1e9) and off.history == [] and (off.save(model, opt), off.saved) == (None, None)
 

@@ -1,4 +1,4 @@
-"""Exact-gradient benchmark of mismatch corrections (DESIGN.md section 8.1).
+"""Exact-gradient benchmark of mismatch corrections (docs/ais.md section 3).
 
 Why: whether a correction helps is a statement about the mean-squared error of the policy-gradient
 estimate, which on a real model cannot be measured (the exact gradient is unknown). Here it can.
