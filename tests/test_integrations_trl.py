@@ -110,6 +110,27 @@ def test_configuration_errors_are_explained(tmp_path):
         AISGRPOTrainer(model=model, correction="ais", **kw)
     with pytest.raises(ValueError, match="unknown quantisation preset"):
         AISGRPOTrainer(model=model, rollout_quant="fp7", **kw)
+    # a correction's options are checked when the trainer is built, not after the first generation
+    q = {**kw, "rollout_quant": "fp8_e4m3_w8a8"}
+    with pytest.raises(ValueError, match=r"got unknown option\(s\) \['capp'\]"):
+        AISGRPOTrainer(model=model, correction="tis", correction_options={"capp": 2.0}, **q)
+    with pytest.raises(ValueError, match="need cap > 0"):
+        AISGRPOTrainer(model=model, correction="tis", correction_options={"cap": -1.0}, **q)
+    with pytest.raises(ValueError, match="loss_type='vespo'"):
+        AISGRPOTrainer(model=model, **{**q, "args": grpo_args(tmp_path, loss_type="vespo")})
+
+
+def test_trainer_log_probs_get_the_fields_trls_loss_scores_with():
+    """The recompute of old log-probs (a vision-language batch included) passes what GRPOTrainer._compute_loss
+    passes: if TRL adds a field, this fails rather than the adapter scoring images-less prompts."""
+    import inspect
+    import re
+
+    from aisrl.integrations.trl import MULTIMODAL_FIELDS
+
+    scorer = inspect.signature(trl.GRPOTrainer._get_per_token_logps_and_entropies).parameters
+    fed = set(re.findall(r'inputs\.get\("(\w+)"\)', inspect.getsource(trl.GRPOTrainer._compute_loss)))
+    assert set(MULTIMODAL_FIELDS) == fed & set(scorer)
 
 
 def test_settings_the_rollout_copy_cannot_honour_are_refused(tmp_path):
@@ -119,8 +140,17 @@ def test_settings_the_rollout_copy_cannot_honour_are_refused(tmp_path):
         AISGRPOTrainer(model=model, args=grpo_args(tmp_path, top_p=0.9), **kw)
     with pytest.raises(ValueError, match="rollout_quant and use_vllm=True"):
         AISGRPOTrainer(model=model, args=grpo_args(tmp_path, use_vllm=True), **kw)
-    with pytest.raises(ValueError, match="peft_config is not supported"):
+    with pytest.raises(ValueError, match="with a PEFT"):
         AISGRPOTrainer(model=model, args=grpo_args(tmp_path), peft_config=object(), **kw)
+    peft = pytest.importorskip("peft")
+    wrapped = peft.get_peft_model(tiny_setup()[0], peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    with pytest.raises(ValueError, match="with a PEFT"):  # a model already wrapped, no peft_config passed
+        AISGRPOTrainer(model=wrapped, args=grpo_args(tmp_path), **kw)
     trainer = AISGRPOTrainer(model=model, args=grpo_args(tmp_path), **kw)
     with pytest.raises(ValueError, match="would drop the images of this batch"):  # a vision-language batch
         trainer._generate_single_turn([[5, 6]], [[object()]], {}, 1)
+    # two generation batches at one optimizer step (steps_per_generation, an evaluation) get other seeds
+    prompts = [[5, 6, 7]] * 8
+    first, _ = trainer._generate_single_turn(prompts, None, {}, 1)
+    second, _ = trainer._generate_single_turn(prompts, None, {}, 1)
+    assert first != second

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from aisrl.correction import correct
-from aisrl.integrations.verl import REQUIRED_SETTINGS, check_raw_weights, install
+from aisrl.integrations.verl import REQUIRED_SETTINGS, check_raw_weights, install, make_policy_loss
 from aisrl.losses import grpo_loss
 
 
@@ -102,6 +102,17 @@ def test_a_missing_weight_names_the_settings(verl_algos):
     old, rollout, logp, adv, mask, w = batch(2)
     with pytest.raises(ValueError, match="rollout_is_threshold=inf"):
         verl_algos.get_policy_loss_fn((install(), "ais")[1])(old, logp, adv, mask, "token-mean", CFG, None)
+
+
+def test_the_weights_are_checked_on_the_first_call_only(verl_algos):
+    """The settings are fixed for a run, so the heuristics (a tie at the maximum reads as a threshold) run once; a
+    later micro-batch whose raw weights happen to tie is not refused. Missing weights are an error on every call."""
+    fn = make_policy_loss("tis", cap=2.0)
+    old, rollout, logp, adv, mask, w = batch(2)
+    fn(old, logp, adv, mask, "token-mean", CFG, w)
+    fn(old, logp, adv, mask, "token-mean", CFG, w.clamp(max=1.05))  # would read as truncated on a first call
+    with pytest.raises(ValueError, match="no rollout_is_weights"):
+        fn(old, logp, adv, mask, "token-mean", CFG, None)
 
 
 def test_verl_external_module_hook_registers_the_losses(tmp_path, verl_algos):

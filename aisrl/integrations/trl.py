@@ -18,7 +18,12 @@ Rollout log-probs come from one of two sources: vLLM (`use_vllm=True`: TRL colle
 correction is switched off so that only ours applies), or `rollout_quant=` (any hardware, CPU included): a
 copy of the policy quantised with `aisrl.quant.quantize_`, re-synced from the trainer's weights whenever the
 optimiser has stepped, samples the completions with `aisrl.rollout.generate`, which returns the log-probs of
-the distribution it sampled from (temperature, top-k/top-p applied).
+the distribution it sampled from. TRL's trainer log-probs apply the temperature and no filter, so both paths need
+top_p = 1 and no top_k / min_p: the copy refuses them, vLLM gets a warning.
+
+The adapter overrides three of GRPOTrainer's private methods (`_generate_single_turn`,
+`_generate_and_score_completions`, `_get_per_token_logps_and_entropies`' inputs), so it is pinned to TRL 1.x and
+tested with 1.16.
 """
 
 from __future__ import annotations
@@ -33,18 +38,24 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without trl
     raise ImportError("aisrl.integrations.trl needs TRL: pip install 'aisrl[trl]' (or pip install trl)") from e
 
-from aisrl.correction import CORRECTIONS, correct
+from aisrl.correction import CORRECTIONS, check_options, correct
+from aisrl.lora import is_peft
 from aisrl.quant import quant_config, quantize_, sync_weights
 from aisrl.rollout import SamplingParams, generate
+
+MULTIMODAL_FIELDS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
+                     "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+"""The batch fields GRPOTrainer._compute_loss passes to _get_per_token_logps_and_entropies (TRL 1.16)."""
 
 
 def _check_rollout_copy_settings(model, args, kwargs) -> None:
     """What an aisrl rollout copy cannot honour is an error, not a silent difference."""
     if isinstance(model, str):
         raise ValueError(f"rollout_quant needs a model instance (load it first), not the name {model!r}")
-    if kwargs.get("peft_config") is not None:
-        raise ValueError("rollout_quant with peft_config is not supported: the copy syncs full weights; merge "
-                         "adapters yourself or use full fine-tuning")  # fmt: skip
+    if kwargs.get("peft_config") is not None or is_peft(model):
+        raise ValueError("rollout_quant with a PEFT (LoRA) model is not supported: the copy would quantise the "
+                         "adapters as layers of their own and never see the merged weights; use full fine-tuning, "
+                         "or use_vllm=True")  # fmt: skip
     if kwargs.get("rollout_func") is not None:
         raise ValueError("rollout_quant and rollout_func both generate completions; pass one of them")
     if args is None:
@@ -76,8 +87,22 @@ class AISGRPOTrainer(GRPOTrainer):
                  rollout_quant: str | None = None, **kwargs):  # fmt: skip
         if correction not in CORRECTIONS:
             raise ValueError(f"unknown correction {correction!r}; choose from {sorted(CORRECTIONS)}")
+        check_options(correction, **(correction_options or {}))  # now, not after the first generation
         train_args = kwargs.get("args") or (args[1] if len(args) > 1 else None)
         use_vllm = bool(getattr(train_args, "use_vllm", False))
+        if correction != "none" and getattr(train_args, "loss_type", None) == "vespo":
+            raise ValueError("loss_type='vespo' builds its own weights from TRL's ratio, which the adapter's "
+                             "per-token advantages do not reach; use another loss_type (grpo, bnpo, dr_grpo, dapo, "
+                             "cispo, sapo, luspo) or correction='none'")  # fmt: skip
+        if use_vllm and correction != "none":
+            filters = {k: v for k, v in (("top_p", getattr(train_args, "top_p", 1.0)),
+                                         ("top_k", getattr(train_args, "top_k", 0) or 0),
+                                         ("min_p", getattr(train_args, "min_p", None)))
+                       if v not in (1.0, 0, None)}  # fmt: skip
+            if filters:
+                warnings.warn(f"{filters}: vLLM's processed log-probs include these filters and TRL's trainer "
+                              "log-probs do not, so every importance ratio is biased (w < 1 on the kept tokens); "
+                              "sample with temperature only for an exact correction", stacklevel=2)  # fmt: skip
         if rollout_quant is None and not use_vllm and correction != "none":
             raise ValueError(
                 f"correction {correction!r} needs the log-probs the rollouts were sampled with: pass "
@@ -94,7 +119,7 @@ class AISGRPOTrainer(GRPOTrainer):
             )
             train_args.vllm_importance_sampling_correction = False  # one correction, ours, not two
         self._aisrl = {"name": correction, "options": dict(correction_options or {}), "prev_alpha": None}
-        self._rollout, self._synced_step = None, None
+        self._rollout, self._synced_step, self._generations = None, None, 0
         if rollout_quant is not None:  # copy before TRL patches the model's forward in place
             self._rollout = copy.deepcopy(model).eval().requires_grad_(False)
             if rollout_quant != "none":
@@ -125,10 +150,13 @@ class AISGRPOTrainer(GRPOTrainer):
                              "use TRL's generation (rollout_quant=None with use_vllm=True) for vision-language models")
         if self._synced_step != self.state.global_step:  # the optimiser stepped: re-quantise its weights
             sync_weights(self.accelerator.unwrap_model(self.model).state_dict(), self._rollout)
-            self._synced_step = self.state.global_step
+            self._synced_step, self._generations = self.state.global_step, 0
+        self._generations += 1  # a step may generate several batches (steps_per_generation, evaluation)
         params = SamplingParams(self.max_completion_length, self.temperature)
-        # per-request seeds from (seed, step, process, row): reproducible, and TRL's global RNG is left alone
-        base = ((self.args.seed * 1_000_003 + self.state.global_step) * 64 + self.accelerator.process_index) * 65_536
+        # per-request seeds from (seed, step, batch of the step, process, row): reproducible (a resume starts at a
+        # step boundary), no two batches alike, and TRL's global RNG left alone
+        step = (self.args.seed * 1_000_003 + self.state.global_step) * 1024 + self._generations
+        base = (step * 64 + self.accelerator.process_index) * 65_536
         seeds = [base + i for i in range(len(prompt_ids))]
         r = generate(self._rollout, [list(p) for p in prompt_ids], params, seeds=seeds,
                      pad_id=self._tokenizer.pad_token_id, eos_id=list(self.eos_token_ids))  # fmt: skip
@@ -167,8 +195,11 @@ class AISGRPOTrainer(GRPOTrainer):
 
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         attn = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        # a vision-language batch carries its images: the same fields TRL's loss scores the completions with
+        multimodal = {k: out.get(k) for k in MULTIMODAL_FIELDS}
         with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model, ids, attn, out["completion_ids"].size(1), batch_size=self.args.per_device_train_batch_size
+                self.model, ids, attn, out["completion_ids"].size(1), batch_size=self.args.per_device_train_batch_size,
+                **multimodal,
             )
         return logps

@@ -41,7 +41,7 @@ import math
 
 import torch
 
-from aisrl.correction import CORRECTIONS, correct
+from aisrl.correction import CORRECTIONS, check_options, correct
 from aisrl.diagnostics import LOG_RATIO_CLAMP
 from aisrl.dist import local_only
 from aisrl.losses import clipped_surrogate
@@ -91,14 +91,17 @@ def make_policy_loss(name: str, **options):
     """A verl policy-loss function applying aisrl correction `name` with `options` (e.g. cap=2.0)."""
     if name not in CORRECTIONS:
         raise ValueError(f"unknown correction {name!r}; choose from {sorted(CORRECTIONS)}")
-    state = {"prev_alpha": None}
+    check_options(name, **options)  # at install(), not inside a Ray worker after the first rollout
+    state = {"prev_alpha": None, "checked": False}
 
     def policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
                     rollout_is_weights=None):  # fmt: skip
         from verl.trainer.ppo.core_algos import agg_loss
 
         on = response_mask.bool()
-        check_raw_weights(rollout_is_weights, on)
+        if rollout_is_weights is None or not state["checked"]:  # the settings are fixed: the heuristics run once
+            check_raw_weights(rollout_is_weights, on)
+            state["checked"] = True
         safe_w = torch.where(on, rollout_is_weights.detach(), torch.ones_like(rollout_is_weights))
         rollout_logp = torch.where(on, old_log_prob.detach() - safe_w.log(), 0.0)  # (N, T)
         opts = dict(options)
