@@ -31,7 +31,11 @@ G = exp(mean_t delta) (geometric):
 - ais:       (1 - alpha) + alpha * clip(w, floor, cap), alpha from aisrl.ais.
 
 Options every correction takes: `normalize=True` divides the applied weights by their batch mean
-(all-reduced), `metrics_only=True` computes everything but applies nothing (weights 1, mask kept).
+(all-reduced), `metrics_only=True` computes everything but applies nothing (weights 1, mask kept), and
+`veto=v` (0 < v < 1) also drops every sequence holding a token with w < v, the `veto` rule around the correction:
+such a token puts the rest of its sequence, and the reward the whole sequence is credited with, where the trainer
+would rarely go (a hard, sequence-wide stand-in for the context and suffix weights token TIS leaves out; logged as
+`veto_frac_seq`).
 `res.weights` is 0 wherever `res.mask` is False. A batch where everything is rejected returns an
 all-False mask and finite metrics; the losses turn it into a zero loss, not a division by zero.
 """
@@ -173,11 +177,15 @@ def _kl_reject(b: Batch, estimator: str, threshold: float = 0.05, level: str = "
     return torch.ones_like(d), keep, torch.zeros_like(keep), {}
 
 
+def _vetoed(b: Batch, threshold: float) -> torch.Tensor:
+    """(N,) bool: sequences holding a token with w < threshold (zero-probability tokens included)."""
+    if not 0 < threshold < 1:
+        raise ValueError(f"a veto threshold is a token weight in (0, 1), got {threshold}")
+    return ((b.mask | b.zero) & (b.delta < math.log(threshold))).any(-1)
+
+
 def _veto(b: Batch, threshold: float = 1e-4):
-    if not threshold > 0:
-        raise ValueError(f"veto threshold must be > 0, got {threshold}")
-    bad = ((b.mask | b.zero) & (b.delta < math.log(threshold))).any(-1)  # (N,) zero-probability tokens included
-    return torch.ones_like(b.delta), b.mask & ~_per_seq(bad), torch.zeros_like(b.mask), {}
+    return torch.ones_like(b.delta), b.mask & ~_per_seq(_vetoed(b, threshold)), torch.zeros_like(b.mask), {}
 
 
 def _ais(
@@ -250,9 +258,10 @@ def correct(
     *,
     normalize: bool = False,
     metrics_only: bool = False,
+    veto: float = 0.0,
     **options,
 ) -> CorrectionResult:
-    """Apply the correction `name` to a batch; see the module docstring for the menu."""
+    """Apply the correction `name` to a batch; see the module docstring for the menu (and for `veto`)."""
     if name not in CORRECTIONS:
         raise ValueError(f"unknown correction {name!r}; choose from {sorted(CORRECTIONS)}")
     valid = [o for o in options_of(name) if o != "estimator"]
@@ -261,6 +270,11 @@ def correct(
         raise ValueError(f"correction {name!r} got unknown option(s) {unknown}; it accepts {valid}")
     b = prepare(old_logp, rollout_logp, mask)
     weights, keep, clipped, extra = CORRECTIONS[name](b, **options)
+    if veto:  # whole sequences that hold a catastrophic token leave the loss, whatever the correction
+        bad = _vetoed(b, veto) & b.seq_mask  # (N,)
+        keep = keep & ~_per_seq(bad)
+        n_seq, n_bad = all_sum(_s(b.seq_mask.double()), _s(bad.double()))
+        extra = {**extra, "veto_frac_seq": _div(n_bad, n_seq)}
     weights = torch.where(keep, weights.float(), 0.0)  # (N, T)
     if normalize:
         n, s = all_sum(_s(keep.double()), _s(weights.double(), keep))

@@ -108,7 +108,8 @@ class CorrectionConfig:
     veto: float = 0.0
     """Guard around any correction: drop every sequence in which a token's weight w = pi/mu falls below this (e.g.
     1e-3: a token the trainer finds a thousand times less likely than the sampler did decides the rest of its
-    sequence, and its reward); 0 = off. It is the `veto` rule of aisrl.correction, applied after the correction."""
+    sequence, and its reward); 0 = off. `correct(..., veto=v)`: the `veto` rule of aisrl.correction around the
+    correction, so the TRL and verl adapters take it as a correction option too."""
 
 
 @dataclass
@@ -269,6 +270,9 @@ def validate(cfg: TrainConfig) -> None:
         if cfg.correction.bypass or cfg.rollout.pool or cfg.rollout.align:
             raise ValueError("correction.calibrate_every chooses an importance-weighting correction: it needs the "
                              "trainer's log-probs (correction.bypass=false) and neither rollout.pool nor rollout.align")
+    if not 0.0 <= cfg.correction.veto < 1.0:
+        raise ValueError(f"correction.veto is a weight below which a sequence is dropped, in [0, 1); "
+                         f"got {cfg.correction.veto}")  # fmt: skip
     for name in cfg.correction.candidates if calibrating else [cfg.correction.name]:
         try:  # the correction checks its own options (cap, ema, alpha) on a one-token batch, before any model
             check_options(name, **correction_options(cfg, None, name))
@@ -279,9 +283,6 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.correction.guard < 0 or 0 < cfg.correction.guard <= 1:
         raise ValueError(f"correction.guard is a factor over the recent k3 KL: 0 (off) or above 1, e.g. 4; "
                          f"got {cfg.correction.guard}")  # fmt: skip
-    if not 0.0 <= cfg.correction.veto < 1.0:
-        raise ValueError(f"correction.veto is a weight below which a sequence is dropped, in [0, 1); "
-                         f"got {cfg.correction.veto}")  # fmt: skip
     if not 0 <= cfg.sample_salt < 1_000_000:  # larger salts would overflow the engine's int64 seeds
         raise ValueError(f"sample_salt must be in [0, 1000000), got {cfg.sample_salt}")
     if cfg.agg not in AGGREGATIONS:
@@ -347,4 +348,6 @@ def correction_options(cfg: TrainConfig, prev_alpha, name: str | None = None):
         opts.update(ema=cfg.correction.ema, prev_alpha=prev_alpha)
     if cfg.correction.alpha is not None:  # any other correction refuses the option, naming the ones it takes
         opts["alpha"] = cfg.correction.alpha
+    if cfg.correction.veto > 0:
+        opts["veto"] = cfg.correction.veto
     return opts

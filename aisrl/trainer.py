@@ -283,10 +283,6 @@ def train(cfg: TrainConfig, log=print) -> dict:
         errors = error_tokens(r.completion_ids, r.completion_mask, old_logp - r.rollout_logp)  # (N, T)
         (n_err,) = all_sum(errors.sum().double())
         res.metrics["error_token_frac"] = n_err / res.metrics["num_tokens"].clamp(min=1)
-        if cfg.correction.veto > 0:  # whole sequences that hold a catastrophic token leave the loss
-            veto = correct("veto", old_logp, r.rollout_logp, r.completion_mask, threshold=cfg.correction.veto)
-            res = restrict(res, veto.mask)
-            res.metrics["veto_frac_seq"] = veto.metrics["mask_frac_seq"]
         if cfg.correction.mask_errors:
             res = restrict(res, ~errors)
         if guard.tripped(res.metrics["k3_kl"].item()):  # the last update left the rollout copy behind: undo it

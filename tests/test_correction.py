@@ -166,6 +166,25 @@ def test_veto_drops_sequence_with_tiny_ratio(batch):
     assert res.mask.tolist() == [[False, False, False], [True, True, False]]
 
 
+def test_veto_option_wraps_any_correction(batch):
+    # sequence A holds w = 0.4 < 0.45: vetoed; B (4.0, 1.5) is kept with its TIS weights (cap 3)
+    res = correct("tis", *batch, cap=3.0, veto=0.45)
+    assert res.mask.tolist() == [[False, False, False], [True, True, False]]
+    close(res.weights, [[0.0, 0.0, 0.0], [3.0, 1.5, 0.0]])
+    close(res.metrics["veto_frac_seq"], 0.5)
+    close(res.metrics["mask_frac_seq"], 0.5)
+    close(res.metrics["weight_mean"], 2.25)
+    ais = correct("ais", *batch, cap=3.0, alpha=1.0, veto=0.45)
+    assert torch.equal(ais.weights, res.weights)  # alpha 1 is TIS, with or without the veto
+    kept = correct("tis", *batch, cap=3.0, veto=0.39)  # 0.4 is above the bar: nothing vetoed
+    assert kept.mask.tolist() == [[True, True, True], [True, True, False]]
+    close(kept.metrics["veto_frac_seq"], 0.0)
+    assert "veto_frac_seq" not in correct("tis", *batch).metrics
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError, match=r"veto threshold is a token weight in \(0, 1\)"):
+            correct("tis", *batch, veto=bad)
+
+
 def test_ais_fixed_alpha_interpolates(batch):
     res = correct("ais", *batch, cap=3.0, alpha=0.5)
     close(res.weights, [[1.75, 0.7, 1.0], [2.0, 1.25, 0.0]])

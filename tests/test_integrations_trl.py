@@ -75,10 +75,12 @@ def test_correction_none_gives_trls_own_loss(tmp_path):
     assert loss_theirs.abs() > 0 and torch.equal(loss_ours, loss_theirs)
 
 
-def test_tis_weights_are_folded_into_the_advantages(tmp_path):
+@pytest.mark.parametrize("veto", [0.0, 0.992])
+def test_tis_weights_are_folded_into_the_advantages(tmp_path, veto):
     model, tok, ds = tiny_setup()
+    options = {"cap": 1.01} | ({"veto": veto} if veto else {})
     tr = AISGRPOTrainer(model=model, reward_funcs=reward_w5, args=grpo_args(tmp_path), train_dataset=ds,
-                        processing_class=tok, correction="tis", correction_options={"cap": 1.01},
+                        processing_class=tok, correction="tis", correction_options=options,
                         rollout_quant="mxfp4")  # fmt: skip
     captured = {}
     orig = trl.GRPOTrainer._generate_and_score_completions
@@ -95,10 +97,16 @@ def test_tis_weights_are_folded_into_the_advantages(tmp_path):
     raw = captured["out"]
     mask = raw["completion_mask"].bool()
     old = tr._trainer_logps(raw)
-    w = torch.exp(old - raw["sampling_per_token_logps"]).clamp(max=1.01)  # token TIS, worked out by hand
-    expect = raw["advantages"][:, None] * torch.where(mask, w, torch.zeros_like(w))
+    raw_w = torch.exp(old - raw["sampling_per_token_logps"])
+    w = raw_w.clamp(max=1.01)  # token TIS, worked out by hand
+    kept = ~(mask & (raw_w < veto)).any(-1, keepdim=True)  # (N, 1) sequences the veto keeps (all when veto = 0)
+    expect = raw["advantages"][:, None] * torch.where(mask & kept, w, torch.zeros_like(w))
     assert torch.allclose(out["advantages"], expect, atol=1e-6)
     assert (w[mask] < 1.01).any()  # some weights are not at the cap: the test sees real ratios
+    if veto:  # the MXFP4 copy of this tiny model puts w < 0.992 in some sequences and not in others
+        assert 0 < kept.sum() < len(kept)
+        (logged,) = [m["aisrl/veto_frac_seq"][-1] for m in tr._metrics.values() if m.get("aisrl/veto_frac_seq")]
+        assert logged == pytest.approx(1 - kept.float().mean().item())
 
 
 def test_configuration_errors_are_explained(tmp_path):

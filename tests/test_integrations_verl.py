@@ -75,6 +75,17 @@ def test_with_verl_actor_config_and_vanilla_agreement(verl_algos):
     assert torch.allclose(ours, vanilla, atol=1e-6)
 
 
+def test_a_vetoed_loss_equals_the_aisrl_loss(verl_algos):
+    old, rollout, logp, adv, mask, w = batch()
+    fn = make_policy_loss("tis", cap=2.0, veto=0.8)
+    loss, metrics = fn(old, logp, adv, mask, "token-mean", CFG, w)
+    res = correct("tis", old, rollout, mask, cap=2.0, veto=0.8)
+    assert 0 < res.metrics["veto_frac_seq"] < 1 and metrics["aisrl/veto_frac_seq"] == pytest.approx(
+        res.metrics["veto_frac_seq"].item())
+    expect, _ = grpo_loss(logp, old, adv, res.mask, weights=res.weights, clip=(0.2, 0.28), dual_clip=3.0)
+    assert torch.allclose(loss, expect, atol=1e-6, rtol=1e-5)
+
+
 def test_weights_that_cannot_be_raw_are_explained():
     old, rollout, logp, adv, mask, w = batch(2)
     check_raw_weights(w, mask)  # the right configuration passes
