@@ -164,7 +164,7 @@ def _kl_reject(b: Batch, estimator: str, threshold: float = 0.05, level: str = "
         raise ValueError(f"{estimator}_reject threshold must be >= 0, got {threshold}")
     d = b.delta
     k = {"k1": -d, "k2": 0.5 * d**2, "k3": (d.exp() - 1.0 - d).clamp(min=0.0)}[estimator]  # (N, T)
-    k = torch.where(b.mask | b.zero, k, 0.0)  # a zero-probability token counts towards its sequence's KL
+    k = torch.where(b.in_products, k, 0.0)  # a zero-probability token counts towards its sequence's KL
     if level == "token":
         keep = b.mask & (k.abs() <= threshold)
     else:
@@ -181,7 +181,7 @@ def _vetoed(b: Batch, threshold: float) -> torch.Tensor:
     """(N,) bool: sequences holding a token with w < threshold (zero-probability tokens included)."""
     if not 0 < threshold < 1:
         raise ValueError(f"a veto threshold is a token weight in (0, 1), got {threshold}")
-    return ((b.mask | b.zero) & (b.delta < math.log(threshold))).any(-1)
+    return (b.in_products & (b.delta < math.log(threshold))).any(-1)
 
 
 def _veto(b: Batch, threshold: float = 1e-4):

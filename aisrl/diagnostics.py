@@ -54,6 +54,10 @@ class Batch:
     n_nonfinite: torch.Tensor  # () counted tokens dropped for NaN / -inf trainer log-prob
 
     @property
+    def in_products(self) -> torch.Tensor:
+        return self.mask | self.zero  # (N, T) the tokens a sequence-wide rule sees: counted, or of probability 0
+
+    @property
     def w(self) -> torch.Tensor:
         return self.delta.exp()  # (N, T), exactly 1 where not counted, ~2e-9 where `zero`
 

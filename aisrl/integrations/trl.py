@@ -48,6 +48,16 @@ MULTIMODAL_FIELDS = ("pixel_values", "image_grid_thw", "num_images", "pixel_atte
 """The batch fields GRPOTrainer._compute_loss passes to _get_per_token_logps_and_entropies (TRL 1.16)."""
 
 
+def _sampling_filters(args) -> dict:
+    """The GRPOConfig sampling settings that change the distribution away from temperature-only sampling, with
+    their values (those left at their defaults omitted). TRL's trainer log-probs apply the temperature only."""
+    settings = {"top_p": (getattr(args, "top_p", 1.0), 1.0), "top_k": (getattr(args, "top_k", 0) or 0, 0),
+                "min_p": (getattr(args, "min_p", None), None),
+                "repetition_penalty": (getattr(args, "repetition_penalty", 1.0), 1.0),
+                "generation_kwargs": (getattr(args, "generation_kwargs", None) or None, None)}  # fmt: skip
+    return {k: value for k, (value, default) in settings.items() if value != default}
+
+
 def _check_rollout_copy_settings(model, args, kwargs) -> None:
     """What an aisrl rollout copy cannot honour is an error, not a silent difference."""
     if isinstance(model, str):
@@ -62,12 +72,7 @@ def _check_rollout_copy_settings(model, args, kwargs) -> None:
         return
     if getattr(args, "use_vllm", False):
         raise ValueError("rollout_quant and use_vllm=True both generate completions; pass one of them")
-    # TRL's trainer log-probs apply the temperature only; the copy's log-probs would include any filter
-    unsupported = {"top_p": (getattr(args, "top_p", 1.0), 1.0), "top_k": (getattr(args, "top_k", 0) or 0, 0),
-                   "min_p": (getattr(args, "min_p", None), None),
-                   "repetition_penalty": (getattr(args, "repetition_penalty", 1.0), 1.0),
-                   "generation_kwargs": (getattr(args, "generation_kwargs", None) or None, None)}  # fmt: skip
-    bad = [k for k, (value, default) in unsupported.items() if value != default]
+    bad = list(_sampling_filters(args))  # the copy's log-probs would include any of them, TRL's would not
     if bad:
         raise ValueError(f"rollout_quant samples with temperature only; unset {bad} (TRL's trainer log-probs do "
                          "not apply them, so the importance ratios would be biased)")  # fmt: skip
@@ -95,10 +100,7 @@ class AISGRPOTrainer(GRPOTrainer):
                              "per-token advantages do not reach; use another loss_type (grpo, bnpo, dr_grpo, dapo, "
                              "cispo, sapo, luspo) or correction='none'")  # fmt: skip
         if use_vllm and correction != "none":
-            filters = {k: v for k, v in (("top_p", getattr(train_args, "top_p", 1.0)),
-                                         ("top_k", getattr(train_args, "top_k", 0) or 0),
-                                         ("min_p", getattr(train_args, "min_p", None)))
-                       if v not in (1.0, 0, None)}  # fmt: skip
+            filters = {k: v for k, v in _sampling_filters(train_args).items() if k in ("top_p", "top_k", "min_p")}
             if filters:
                 warnings.warn(f"{filters}: vLLM's processed log-probs include these filters and TRL's trainer "
                               "log-probs do not, so every importance ratio is biased (w < 1 on the kept tokens); "
