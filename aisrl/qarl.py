@@ -11,6 +11,10 @@ while gradients reach the full-precision master weights W unchanged (d q(W) / dW
 does this in place by re-classing each targeted nn.Linear; parameter names and state dicts are unchanged,
 so checkpoints, LoRA merging and `sync_weights` work as before.
 
+The same layers serve a lighter use: with the trainer left at full precision, `alignment(model, True)` switches
+the rollout format on for one forward, which gives the copy's log-probs log mu_q as a differentiable function of
+the master weights (benchmarks/copy_pull.py pulls the copy towards the trainer with them; docs/ais.md section 5).
+
 Error-token detector. QaRL reports that low-bit rollouts of long answers degenerate into loops and garbled
 tokens. `error_tokens` flags, per token, (a) periodic loops: a token that repeats the one `p` positions back
 for at least `min_loop` consecutive positions, for some period p <= max_period, and (b) runs of at least
@@ -20,6 +24,8 @@ drop flagged tokens from the loss (`correction.mask_errors`).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import nn
@@ -75,6 +81,19 @@ def set_alignment(model: nn.Module, enabled: bool) -> None:
     for mod in model.modules():
         if isinstance(mod, AlignedLinear):
             mod.aligned = enabled
+
+
+@contextlib.contextmanager
+def alignment(model: nn.Module, enabled: bool):
+    """The aligned layers switched on (rollout format) or off (full precision) for the block, each restored after."""
+    layers = [m for m in model.modules() if isinstance(m, AlignedLinear)]
+    before = [getattr(m, "aligned", True) for m in layers]
+    set_alignment(model, enabled)
+    try:
+        yield
+    finally:
+        for m, was in zip(layers, before, strict=True):
+            m.aligned = was
 
 
 def error_tokens(

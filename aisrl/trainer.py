@@ -42,7 +42,7 @@ from aisrl.dist import all_sum
 from aisrl.lora import apply_lora, merged_state
 from aisrl.losses import group_advantages
 from aisrl.policy import CausalPolicy, DiffusionPolicy
-from aisrl.qarl import align_, error_tokens, set_alignment
+from aisrl.qarl import align_, alignment, error_tokens
 from aisrl.quant import quant_config, quantize_, sync_weights
 from aisrl.rollout import SamplingParams, device_of
 from aisrl.solrl import select_extremes
@@ -370,10 +370,6 @@ def _score_at(policy, model, rows, step, precision="fp32"):
 def evaluate(model, tok, task, encode, problems, policy) -> float:
     """Greedy accuracy of the full-precision model (QaRL-aligned layers are switched off for it, so every
     method is evaluated the same way). `policy`: aisrl.policy.CausalPolicy or DiffusionPolicy."""
-    set_alignment(model, False)
-    try:
-        with _eval_mode(model):
-            r = policy.greedy(model, [encode(p) for p in problems])
-    finally:
-        set_alignment(model, True)
+    with alignment(model, False), _eval_mode(model):
+        r = policy.greedy(model, [encode(p) for p in problems])
     return sum(task.reward(x, p)[1] for x, p in zip(completion_texts(tok, r), problems, strict=True)) / len(problems)

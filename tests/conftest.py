@@ -8,9 +8,11 @@ TINY_LAB = ["lab.hidden=32", "lab.layers=1", "lab.sft_steps=0", "prompts_per_ste
 def load_benchmark(name: str):
     """A script of benchmarks/ (not a package) imported as a module, for tests of its functions."""
     import importlib.util
+    import sys
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(name, Path(__file__).parent.parent / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up while the class is made
     spec.loader.exec_module(mod)
     return mod

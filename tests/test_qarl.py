@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from aisrl.lab import LabConfig, lab_model
-from aisrl.qarl import AlignedLinear, align_, error_tokens, set_alignment
+from aisrl.qarl import AlignedLinear, align_, alignment, error_tokens, set_alignment
 from aisrl.quant import quant_config, quantize_, sync_weights
 from aisrl.rollout import SamplingParams, generate, logprobs
 
@@ -60,6 +60,22 @@ def test_straight_through_gradients_reach_the_master_weights():
     rollout = quantize_(nn.Sequential(copy.deepcopy(lin), nn.Linear(4, 4)), quant_config("mxfp4_w4a4"))
     sync_weights(nn.Sequential(layer, nn.Linear(4, 4)), rollout)
     assert torch.allclose(rollout[0](x), layer(x), atol=1e-6)
+
+
+def test_alignment_switches_the_layers_for_a_block_and_restores_each_one():
+    torch.manual_seed(0)
+    model = align_(nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 4)), quant_config("mxfp4_w4a4"))
+    first, second = model[0], model[1]
+    second.aligned = False  # a mixed state, as a caller may have left it
+    x = torch.randn(3, 64)
+    plain = nn.functional.linear(nn.functional.linear(x, first.weight, first.bias), second.weight, second.bias)
+    with alignment(model, False):
+        assert torch.equal(model[:2](x), plain)  # both full precision inside
+    assert (first.aligned, second.aligned) == (True, False)
+    with pytest.raises(RuntimeError), alignment(model, True):
+        assert first.aligned and second.aligned
+        raise RuntimeError("an error inside the block")
+    assert (first.aligned, second.aligned) == (True, False)  # restored on the way out of an error too
 
 
 def test_error_tokens_flag_loops_and_ratio_runs_only():

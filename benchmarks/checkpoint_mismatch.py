@@ -1,0 +1,124 @@
+"""The low-precision copy's mismatch at trained checkpoints, measured the same way for every run (issue 5).
+
+    OMP_NUM_THREADS=2 python benchmarks/checkpoint_mismatch.py runs/ref runs/mxall
+        [kinds=reference,mxfp4_w4a4/none,mxfp4_w4a4/tis,mxfp4_w4a4/ais] [steps=80,100] [quant=mxfp4_w4a4]
+        [preset=lab_columns] [held=4] [tag=NAME]
+
+A run's logged k3 KL is measured on its own batches, by its own copy, so it mixes where training went with what
+was sampled. This script measures every checkpoint on the same footing: the weights of RUN at each of `steps`,
+their copy in `quant`, and `held` fixed batches of the preset's training prompts sampled by that copy
+(benchmarks/copy_pull.py, class Probe), giving the k3 KL of the copy against the weights, the weights' negative
+log-likelihood of the samples and the samples' reward; the warm start is measured too. Full-precision runs
+(`reference`) never used a low-precision copy, so their figure says where full-precision training moves the copy's
+mismatch by itself: if it rises as much there as in the low-precision runs, the late mismatch of those runs is where
+training goes, not drift caused by their rollouts. Per kind: the mean over its seeds, the paired difference from the
+reference run of each seed (same prompts, same warm start) and from every other kind, and over the reference runs
+the correlation across seeds between the measured k3 and the run's held-out greedy accuracy at its last step. Writes
+benchmarks/results/checkpoint_mismatch_<quant>[_<tag>].json and its section of BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from aisrl.bench.report import machine, update_section, write_json
+from aisrl.compare import run_rows
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from copy_pull import setup  # noqa: E402  (sibling scripts, not a package)
+from mismatch_vs_gap import correlation  # noqa: E402
+from paired_seeds import collect, summary  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+KEYS = ("k3", "nll", "reward")
+
+
+def paired(a: dict[int, dict], b: dict[int, dict]) -> dict | None:
+    """Paired k3 differences a - b over the seeds both have (paired_seeds.summary, plus the median, which one
+    run far off its copy does not move); None under two seeds."""
+    diffs = [a[s]["k3"] - b[s]["k3"] for s in sorted(set(a) & set(b))]
+    return {**summary(diffs), "median": statistics.median(diffs)} if len(diffs) > 1 else None
+
+
+def section(out: dict) -> str:
+    w = out["warm_start"]
+    lines = [f"### The {out['quant']} copy's mismatch at trained checkpoints ({out['preset']})\n",
+             f"`{out['command']}` ({out['seconds'] / 60:.0f} min; {out['machine'].get('cpu', '?')}, "
+             f"{out['machine'].get('cpus', '?')} cores). Each run's weights at steps {out['steps']} (averaged), their "
+             f"copy, {out['held']} fixed batches of the preset's training prompts sampled by it. Warm start: k3 "
+             f"{w['k3']:.4f}, NLL {w['nll']:.3f}, copy's reward {w['reward']:.3f}.\n",
+             "| runs | seeds | k3 mean | k3 median | k3 - full precision: mean (SE), median, higher on | NLL | "
+             "copy reward |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for kind, row in out["kinds"].items():
+        if not row.get("seeds"):
+            continue
+        k3s = [r["k3"] for r in out["runs"][kind].values()]
+        d = row.get("k3_minus_reference")
+        vs = f"{d['mean']:+.4f} ({d['se']:.4f}), {d['median']:+.4f}, {d['positive']}/{d['n']}" if d else "-"
+        lines.append(f"| {kind} | {row['seeds']} | {row['k3_mean']:.4f} | {statistics.median(k3s):.4f} | {vs} | "
+                     f"{row['nll_mean']:.3f} | {row['reward_mean']:.3f} |")  # fmt: skip
+    if out.get("pairs"):
+        lines.append("\n| pair (same seeds) | k3 difference: mean (SE), median, first higher on |\n|---|---|")
+        for name, d in out["pairs"].items():
+            lines.append(f"| {name} | {d['mean']:+.4f} ({d['se']:.4f}), {d['median']:+.4f}, {d['positive']}/{d['n']} |")
+    if "reference_k3_vs_accuracy" in out:
+        c = out["reference_k3_vs_accuracy"]
+        lines.append(f"\nFull-precision runs, measured k3 against their held-out greedy accuracy across seeds: r "
+                     f"{c['r']:+.2f} (permutation p {c['p']:.2g}).")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(dirs: list[Path], kinds: list[str], steps: list[int], quant: str, preset: str, held: int,
+         tag: str = "") -> dict:  # fmt: skip
+    t0 = time.perf_counter()
+    warm = setup(preset, quant, "").measure(held)
+    print("warm start: " + ", ".join(f"{k} {warm[k]:.4f}" for k in KEYS), flush=True)
+    final = max(steps)
+    runs: dict[str, dict[int, dict]] = {}
+    for kind in kinds:
+        where: dict[int, Path] = {}
+        collect(dirs, kind, final, "greedy_accuracy", where)  # finished runs only, first folder wins
+        runs[kind] = {}
+        for seed, run in sorted(where.items()):
+            at = [setup(preset, quant, f"{run}:{s}").measure(held) for s in steps]
+            runs[kind][seed] = {k: statistics.fmean(a[k] for a in at) for k in KEYS}
+            runs[kind][seed]["accuracy"] = run_rows(run)[final - 1].get("eval_accuracy")
+            print(f"{kind} seed {seed}: " + ", ".join(f"{k} {runs[kind][seed][k]:.4f}" for k in KEYS), flush=True)
+    command = "OMP_NUM_THREADS=2 python benchmarks/checkpoint_mismatch.py " + " ".join(sys.argv[1:])
+    out = {"quant": quant, "preset": preset, "steps": steps, "held": held, "warm_start": warm, "runs": runs,
+           "kinds": {}, "seconds": time.perf_counter() - t0, "machine": machine(), "command": command}  # fmt: skip
+    ref = runs.get("reference", {})
+    for kind, by_seed in runs.items():
+        row = {f"{k}_mean": statistics.fmean(r[k] for r in by_seed.values()) for k in KEYS} if by_seed else {}
+        if kind != "reference":
+            row["k3_minus_reference"] = paired(by_seed, ref)
+        out["kinds"][kind] = {"seeds": len(by_seed), **row}
+        d = row.get("k3_minus_reference")
+        if row:
+            extra = f", k3 - reference {d['mean']:+.4f} (SE {d['se']:.4f}, median {d['median']:+.4f})" if d else ""
+            print(f"{kind}: {len(by_seed)} seeds, k3 {row['k3_mean']:.4f}{extra}")
+    others = [k for k in runs if k != "reference"]
+    out["pairs"] = {f"{b} - {a}": p for i, a in enumerate(others) for b in others[i + 1 :]
+                    if (p := paired(runs[b], runs[a]))}  # fmt: skip
+    scored = {("reference", s): r for s, r in ref.items() if r["accuracy"] is not None}
+    if len(scored) >= 4:
+        out["reference_k3_vs_accuracy"] = correlation({k: r["k3"] for k, r in scored.items()},
+                                                      {k: r["accuracy"] for k, r in scored.items()})  # fmt: skip
+        c = out["reference_k3_vs_accuracy"]
+        print(f"reference runs: k3 vs held-out greedy accuracy across seeds r {c['r']:+.2f} (p {c['p']:.2g})")
+    name = f"checkpoint_mismatch_{quant}{'_' + tag if tag else ''}"
+    write_json(ROOT / "benchmarks" / "results" / f"{name}.json", out)
+    update_section(ROOT / "BENCHMARKS.md", name, section(out))
+    return out
+
+
+if __name__ == "__main__":
+    paths = [Path(a) for a in sys.argv[1:] if "=" not in a]
+    kw = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+    kinds = kw.get("kinds", "reference,mxfp4_w4a4/none,mxfp4_w4a4/tis,mxfp4_w4a4/ais").split(",")
+    main(paths, kinds, [int(s) for s in kw.get("steps", "80,100").split(",")], kw.get("quant", "mxfp4_w4a4"),
+         kw.get("preset", "lab_columns"), int(kw.get("held", 4)), kw.get("tag", ""))  # fmt: skip

@@ -1,0 +1,130 @@
+"""Do low-precision runs that end with more rollout/trainer mismatch end worse? (issue 5; docs/ais.md section 5)
+
+    python benchmarks/mismatch_vs_gap.py runs/ref runs/mxall format=mxfp4_w4a4 methods=none,tis,ais
+        [metric=greedy_accuracy|held_accuracy|...] [steps=100] [tag=NAME]
+
+For every finished run of the given methods that has a full-precision twin (same seed, same warm start;
+benchmarks/paired_seeds.py pools the folders and pairs them), it takes
+- y: the run's score minus its twin's (held-out greedy accuracy at the last step by default), and
+- x: the mean k3 KL between the rollout copy and the trainer over the first fifth of the steps, and over the last.
+A method shifts both (AIS and TIS keep the copy about as close; no correction ends far lower), and so may a seed
+(its prompts), so both are taken out: x and y are demeaned by method and by seed together (alternating until the
+means settle, a two-way fixed-effects fit), and the correlation of what is left says whether a run that ended with
+more mismatch than its method and seed predict also ended worse. The first fifth is the control: a run's early
+mismatch is set by the warm start and its first batches, before training could move the copy away. The p-value is
+a permutation test's (the residuals re-paired at random), which ignores the degrees of freedom the two-way fit uses
+up, so it errs a little towards significance. Writes
+benchmarks/results/mismatch_vs_gap_<tag or format>_<metric>.json and its section of BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from aisrl.bench.report import update_section, write_json
+from aisrl.compare import run_rows
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from paired_seeds import METRICS, collect  # noqa: E402  (a sibling script, not a package)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def demean(values: dict[tuple[str, int], float], rounds: int = 200) -> dict[tuple[str, int], float]:
+    """values keyed by (method, seed) with each method's and each seed's mean taken out (two-way, unbalanced)."""
+    out = dict(values)
+    for _ in range(rounds):
+        moved = 0.0
+        for axis in (0, 1):
+            groups: dict = {}
+            for key, v in out.items():
+                groups.setdefault(key[axis], []).append(v)
+            means = {g: statistics.fmean(v) for g, v in groups.items()}
+            moved = max(moved, *(abs(m) for m in means.values()))
+            out = {key: v - means[key[axis]] for key, v in out.items()}
+        if moved < 1e-12:
+            break
+    return out
+
+
+def correlation(x: dict, y: dict, permutations: int = 20000) -> dict:
+    """Pearson correlation of the paired residuals, its two-sided permutation p-value (the share of random
+    pairings of the same residuals with at least its |r|) and the least-squares slope of y on x."""
+    keys = sorted(x)
+    a = torch.tensor([x[k] for k in keys], dtype=torch.float64)
+    b = torch.tensor([y[k] for k in keys], dtype=torch.float64)
+    a, b = a - a.mean(), b - b.mean()
+    r = ((a * b).sum() / (a.pow(2).sum() * b.pow(2).sum()).sqrt()).item()
+    gen = torch.Generator().manual_seed(0)
+    shuffled = torch.stack([b[torch.randperm(len(b), generator=gen)] for _ in range(permutations)])  # (P, n)
+    r_perm = (shuffled @ a) / (a.pow(2).sum() * b.pow(2).sum()).sqrt()  # (P,)
+    p = ((r_perm.abs() >= abs(r) - 1e-12).sum().item() + 1) / (permutations + 1)
+    return {"r": r, "p": p, "n": len(keys), "slope": ((a * b).sum() / a.pow(2).sum()).item()}
+
+
+def k3_fifths(run: Path, steps: int) -> tuple[float, float]:
+    rows = run_rows(run)[:steps]
+    fifth = max(1, steps // 5)
+    return (statistics.fmean(r["k3_kl"] for r in rows[:fifth]), statistics.fmean(r["k3_kl"] for r in rows[-fifth:]))
+
+
+def section(out: dict, command: str) -> str:
+    lines = [f"### Late mismatch against the gap to full precision: {out['format']}, {out['metric']}\n",
+             f"`{command}`: {out['runs']} runs with a full-precision twin; x = mean k3 KL over a fifth of the steps, "
+             f"y = {out['metric']} minus the twin's, both with method and seed means taken out.\n",
+             "| k3 over | r | permutation p | slope (y per unit k3) |", "|---|---|---|---|"]  # fmt: skip
+    for key, label in (("last_fifth_k3", "last fifth"), ("first_fifth_k3", "first fifth (control)")):
+        c = out[key]
+        lines.append(f"| {label} | {c['r']:+.3f} | {c['p']:.2g} | {c['slope']:+.3g} |")
+    lines.append("\n| method | runs | last-fifth k3 | mean gap | r within the method |\n|---|---|---|---|---|")
+    for m, c in out["per_method"].items():
+        lines.append(f"| {m} | {c['runs']} | {c['k3_last']:.3f} | {c['gap']:+.3f} | {c['r']:+.2f} |")
+    return "\n".join(lines)
+
+
+def main(dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metric: str = "greedy_accuracy",
+         tag: str = "") -> dict:  # fmt: skip
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose from {sorted(METRICS)}")
+    ref = collect(dirs, "reference", steps, metric)
+    y, first, last = {}, {}, {}
+    for m in methods:
+        where: dict[int, Path] = {}
+        for seed, value in collect(dirs, f"{fmt}/{m}", steps, metric, where).items():
+            if seed in ref:
+                y[m, seed] = value - ref[seed]
+                first[m, seed], last[m, seed] = k3_fifths(where[seed], steps)
+    if len(y) < 4:
+        raise ValueError(f"only {len(y)} runs of {methods} under {fmt} have a full-precision twin with a {metric}; "
+                         "need a few per method")  # fmt: skip
+    ry = demean(y)
+    result = {"dirs": [str(d) for d in dirs], "format": fmt, "metric": metric, "methods": methods, "runs": len(y),
+              "last_fifth_k3": correlation(demean(last), ry), "first_fifth_k3": correlation(demean(first), ry),
+              "per_method": {}}  # fmt: skip
+    for m in methods:
+        keys = [k for k in y if k[0] == m]
+        if len(keys) >= 4:
+            xm, ym = statistics.fmean(last[k] for k in keys), statistics.fmean(y[k] for k in keys)
+            result["per_method"][m] = {"runs": len(keys), "k3_last": xm, "gap": ym, **correlation(
+                {k: last[k] - xm for k in keys}, {k: y[k] - ym for k in keys})}  # fmt: skip
+    for name in ("last_fifth_k3", "first_fifth_k3"):
+        c = result[name]
+        print(f"{name}: r {c['r']:+.3f} (p {c['p']:.2g}, {c['n']} runs), slope {c['slope']:+.3g} {metric} per unit k3")
+    for m, c in result["per_method"].items():
+        print(f"  {m:>18}: r {c['r']:+.2f} over {c['runs']} runs (k3 {c['k3_last']:.3f}, gap {c['gap']:+.3f})")
+    name = "_".join([tag or fmt, metric])
+    write_json(ROOT / f"benchmarks/results/mismatch_vs_gap_{name}.json", result)
+    command = "python benchmarks/mismatch_vs_gap.py " + " ".join(sys.argv[1:])
+    update_section(ROOT / "BENCHMARKS.md", f"mismatch_vs_gap_{name}", section(result, command))
+    return result
+
+
+if __name__ == "__main__":
+    paths = [Path(a) for a in sys.argv[1:] if "=" not in a]
+    kw = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+    main(paths, kw.get("format", "mxfp4_w4a4"), kw.get("methods", "none,tis,ais").split(","), int(kw.get("steps", 100)),
+         kw.get("metric", "greedy_accuracy"), kw.get("tag", ""))  # fmt: skip

@@ -1,0 +1,44 @@
+"""benchmarks/copy_pull.py: its penalties are what its docstring says (the straight-through copy's log-probs are the
+real copy's), and a bad variant is an error naming the valid ones."""
+
+
+import pytest
+import torch
+from conftest import TINY_LAB, load_benchmark
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
+
+
+def test_the_pull_penalties_measure_the_gap_to_the_real_copy():
+    cp = load_benchmark("copy_pull")
+    probe = cp.setup("lab", "mxfp4_w4a4", "", tuple(TINY_LAB))
+    model, policy = probe.model, probe.policy
+    torch.manual_seed(0)
+    for p in model.parameters():  # weights of a realistic scale, so that MXFP4 W4A4 leaves a real gap
+        p.data.normal_(0, 0.2)
+    probe.sync(model.state_dict())
+    r, _ = probe.batch(0)
+    with torch.no_grad():
+        gap = (policy.score(model, r, 0) - r.rollout_logp)[r.completion_mask]  # against the copy that sampled
+    expected = 0.5 * gap.pow(2).mean().item()
+    grads = {}
+    for variant in ("ste", "to_copy"):
+        model.zero_grad()
+        value = cp.penalty(variant, model, policy, r)
+        value.backward()
+        grads[variant] = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+        assert value.item() == pytest.approx(expected, rel=1e-3) and expected > 1e-5
+    # through the straight-through copy the gradient differs from the one with the copy held fixed
+    assert (grads["ste"] - grads["to_copy"]).norm() > 1e-3 * grads["to_copy"].norm()
+    # grid: half the mean squared distance of the quantised layers' weights to their rounded values, > 0 here
+    grid = cp.penalty("grid", model, policy, r)
+    assert 0 < grid.item() < 0.5 * 0.2**2
+
+
+def test_an_unknown_variant_is_an_error_naming_the_valid_ones():
+    cp = load_benchmark("copy_pull")
+    with pytest.raises(ValueError, match=r"unknown variant\(s\) \['magic'\]; choose from \['ste', 'to_copy', 'grid'\]"):
+        cp.main("lab", "mxfp4_w4a4", "", ["magic"], [1e-3], 1, 1, 1)
