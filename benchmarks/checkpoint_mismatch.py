@@ -75,7 +75,8 @@ def section(out: dict) -> str:
 def main(dirs: list[Path], kinds: list[str], steps: list[int], quant: str, preset: str, held: int,
          tag: str = "") -> dict:  # fmt: skip
     t0 = time.perf_counter()
-    warm = setup(preset, quant, "").measure(held)
+    probe = setup(preset, quant, "")  # one model and copy, each checkpoint's weights loaded into them in turn
+    warm = probe.measure(held)
     print("warm start: " + ", ".join(f"{k} {warm[k]:.4f}" for k in KEYS), flush=True)
     final = max(steps)
     runs: dict[str, dict[int, dict]] = {}
@@ -84,7 +85,7 @@ def main(dirs: list[Path], kinds: list[str], steps: list[int], quant: str, prese
         collect(dirs, kind, final, "greedy_accuracy", where)  # finished runs only, first folder wins
         runs[kind] = {}
         for seed, run in sorted(where.items()):
-            at = [setup(preset, quant, f"{run}:{s}").measure(held) for s in steps]
+            at = [probe.load(f"{run}:{s}").measure(held) for s in steps]
             runs[kind][seed] = {k: statistics.fmean(a[k] for a in at) for k in KEYS}
             runs[kind][seed]["accuracy"] = run_rows(run)[final - 1].get("eval_accuracy")
             print(f"{kind} seed {seed}: " + ", ".join(f"{k} {runs[kind][seed][k]:.4f}" for k in KEYS), flush=True)

@@ -60,6 +60,13 @@ class Probe:
     pool: list
     rewards: Callable
 
+    def load(self, start: str) -> Probe:
+        """The weights of checkpoint `start` (RUN:STEP), synced into the copy."""
+        run, step = start.rsplit(":", 1)
+        self.model.load_state_dict(load_file(checkpoint_dir(Path(run), int(step)) / "model.safetensors"))
+        self.sync(self.model.state_dict())
+        return self
+
     def batch(self, seed: int):
         """(rollout, problems): the copy's samples of a batch of the trainer's shape, fixed by `seed`."""
         B, G = self.cfg.prompts_per_step, self.cfg.group_size
@@ -87,9 +94,6 @@ def setup(preset: str, quant: str, start: str, overrides: tuple[str, ...] = ()) 
     are the preset's training pool whatever the run, so every state is measured on the same batches."""
     cfg = load_config(preset, [f"rollout.quant={quant}", *overrides])
     model, tok, task, encode = build(cfg)
-    if start:
-        run, step = start.rsplit(":", 1)
-        model.load_state_dict(load_file(checkpoint_dir(Path(run), int(step)) / "model.safetensors"))
     model.train()
     rollout, sync = _rollout_model(cfg, model, torch.device("cpu"), task, encode)
     set_alignment(align_(model, quant_config(quant)), False)
@@ -97,8 +101,8 @@ def setup(preset: str, quant: str, start: str, overrides: tuple[str, ...] = ()) 
     def rewards(r, problems) -> list[float]:
         return [task.reward(x, p)[0] for x, p in zip(completion_texts(tok, r), problems, strict=True)]
 
-    policy = make_policy(cfg, tok, model)
-    return Probe(cfg, model, rollout, sync, policy, encode, problem_sets(cfg, task)[0], rewards)
+    probe = Probe(cfg, model, rollout, sync, make_policy(cfg, tok, model), encode, problem_sets(cfg, task)[0], rewards)
+    return probe.load(start) if start else probe
 
 
 def penalty(variant: str, model, policy, r) -> torch.Tensor:
