@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from aisrl.diagnostics import Batch, _div, _s, sequence_ess
+from aisrl.diagnostics import Batch, _div, _s, k3_per_token, sequence_ess
 from aisrl.dist import all_sum
 
 SEVERITY_EPS = 1e-8
@@ -44,7 +44,7 @@ def ais_diagnostics(b: Batch, cap: float, floor: float = 0.0) -> dict[str, torch
     m = b.mask
     d = b.delta.double()
     wbar = d.exp().clamp(min=floor, max=cap)  # (N, T)
-    k3 = (torch.expm1(d) - d).clamp(min=0.0)  # (N, T), precise for tiny |d|
+    k3 = k3_per_token(d)  # (N, T)
     n, s_k3, s_wb, s_wb2, n_seq = all_sum(
         _s(m.double()), _s(k3, m), _s(wbar, m), _s(wbar**2, m), _s(b.seq_mask.double())
     )

@@ -153,12 +153,18 @@ def weight_stats(x: torch.Tensor, where: torch.Tensor, prefix: str) -> dict[str,
     }
 
 
+def k3_per_token(d: torch.Tensor) -> torch.Tensor:
+    """k3 = exp(d) - 1 - d of each log-ratio d (Schulman 2020), as expm1(d) - d, which keeps precision for tiny
+    mismatches, clamped at 0 (its analytic minimum) against rounding noise."""
+    return (torch.expm1(d) - d).clamp(min=0.0)
+
+
 def mismatch_metrics(b: Batch) -> dict[str, torch.Tensor]:
     """The mismatch metrics that depend only on the inputs (not on a correction)."""
     m = b.mask
     d = b.delta.double()
     w = d.exp()  # (N, T) in float64: k3 = expm1(d) - d keeps precision for tiny mismatches
-    k3 = (torch.expm1(d) - d).clamp(min=0.0)  # (N, T) >= 0 analytically; clamp rounding noise
+    k3 = k3_per_token(d)  # (N, T)
     n_given = m.sum(dtype=torch.float64) + b.n_nonfinite.double()
     n, s_d, s_absd, s_k3, s_w2, s_old, s_roll, s_hi, s_lo, n_seq, nonfin, n_zero = all_sum(
         _s(m.double()), _s(d, m), _s(d.abs(), m), _s(k3, m), _s(w**2, m),

@@ -38,7 +38,7 @@ SEED_BASE = 7_000_000_000
 
 
 def _rewards(policy, model, task, tok, encode, problems: list, samples: int, kv_fp8: bool = False) -> list[tuple]:
-    from aisrl.trainer import completion_texts
+    from aisrl.trainer import task_rewards
 
     rows = [p for p in problems for _ in range(samples)]
     out = []
@@ -46,7 +46,7 @@ def _rewards(policy, model, task, tok, encode, problems: list, samples: int, kv_
         chunk = rows[s : s + 512]
         seeds = [SEED_BASE + s + i for i in range(len(chunk))]
         r = policy.sample(model, [encode(p) for p in chunk], seeds, 0, kv_fp8)
-        out += [task.reward(x, p) for x, p in zip(completion_texts(tok, r), chunk, strict=True)]
+        out += task_rewards(task, tok, r, chunk)
     return out
 
 

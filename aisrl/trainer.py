@@ -139,6 +139,11 @@ def completion_texts(tok, r) -> list[str]:
             for i in range(r.completion_ids.shape[0])]  # fmt: skip
 
 
+def task_rewards(task, tok, r, problems) -> list[tuple[float, bool]]:
+    """(reward, correct) of each completion of the rollout r, the i-th scored against problems[i]."""
+    return [task.reward(x, p) for x, p in zip(completion_texts(tok, r), problems, strict=True)]
+
+
 def _init_distributed(device: torch.device) -> tuple[int, int]:
     """(rank, world) - joins the torchrun process group when launched by torchrun: gloo for the CPU tensors
     (statistics, losses), NCCL for CUDA ones (gradients) when the models are on GPUs."""
@@ -238,7 +243,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         r = policy.sample(rollout, prompts, seeds, step, kv_fp8)
         t["time_rollout"] = time.perf_counter() - t0
         # 2. rewards and group advantages
-        scored = [task.reward(x, p) for x, p in zip(completion_texts(tok, r), problems, strict=True)]
+        scored = task_rewards(task, tok, r, problems)
         rewards = torch.tensor([s[0] for s in scored])
         reward_sum, n_correct, n_samples, n_tokens = all_sum(
             rewards.sum().double(),
@@ -344,7 +349,7 @@ def _full_precision_gradient(cfg: TrainConfig, model, ref, policy, task, tok, ba
     with torch.no_grad(), _eval_mode(model):
         full = policy.sample(model, prompts, seeds, step)
         old_logp = _score_at(policy, model, full, step, cfg.precision)
-    rewards = torch.tensor([task.reward(x, p)[0] for x, p in zip(completion_texts(tok, full), problems, strict=True)])
+    rewards = torch.tensor([s[0] for s in task_rewards(task, tok, full, problems)])
     plain = correct("none", old_logp, full.rollout_logp, full.completion_mask)
     return _gradient(cfg, model, ref, full, old_logp, group_advantages(rewards, cfg.group_size), plain, score, policy)
 
@@ -372,4 +377,4 @@ def evaluate(model, tok, task, encode, problems, policy) -> float:
     method is evaluated the same way). `policy`: aisrl.policy.CausalPolicy or DiffusionPolicy."""
     with alignment(model, False), _eval_mode(model):
         r = policy.greedy(model, [encode(p) for p in problems])
-    return sum(task.reward(x, p)[1] for x, p in zip(completion_texts(tok, r), problems, strict=True)) / len(problems)
+    return sum(s[1] for s in task_rewards(task, tok, r, problems)) / len(problems)

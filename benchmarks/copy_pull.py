@@ -36,11 +36,12 @@ from safetensors.torch import load_file
 
 from aisrl.bench.report import machine, update_section, write_json
 from aisrl.checkpoint import checkpoint_dir
+from aisrl.diagnostics import k3_per_token
 from aisrl.policy import CausalPolicy
 from aisrl.qarl import AlignedLinear, align_, alignment, set_alignment
 from aisrl.quant import WEIGHT_FORMATS, quant_config
 from aisrl.train_config import TrainConfig, load_config
-from aisrl.trainer import _rollout_model, build, completion_texts, make_policy, problem_sets
+from aisrl.trainer import _rollout_model, build, make_policy, problem_sets, task_rewards
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("ste", "to_copy", "grid")
@@ -83,7 +84,7 @@ class Probe:
             with torch.no_grad():
                 logp = self.policy.score(self.model, r, 0)[r.completion_mask]
             d = logp - r.rollout_logp[r.completion_mask]
-            k3.append((d.exp() - 1 - d).mean().item())
+            k3.append(k3_per_token(d.double()).mean().item())
             nll.append(-logp.mean().item())
             reward += self.rewards(r, problems)
         return {"k3": statistics.fmean(k3), "nll": statistics.fmean(nll), "reward": statistics.fmean(reward)}
@@ -99,7 +100,7 @@ def setup(preset: str, quant: str, start: str, overrides: tuple[str, ...] = ()) 
     set_alignment(align_(model, quant_config(quant)), False)
 
     def rewards(r, problems) -> list[float]:
-        return [task.reward(x, p)[0] for x, p in zip(completion_texts(tok, r), problems, strict=True)]
+        return [s[0] for s in task_rewards(task, tok, r, problems)]
 
     probe = Probe(cfg, model, rollout, sync, make_policy(cfg, tok, model), encode, problem_sets(cfg, task)[0], rewards)
     return probe.load(start) if start else probe
