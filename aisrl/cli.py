@@ -92,12 +92,39 @@ def _branch(args) -> int:
     return 0
 
 
+def _run_config(args, log=print):
+    """The settings a finished run is scored with: its recorded config.json, with the overrides typed, when its
+    output_dir has one (a run trained with seed=3 is scored on seed 3's held-out problems); else the preset's."""
+    import dataclasses
+    from pathlib import Path
+
+    from aisrl.checkpoint import config_changes
+    from aisrl.train_config import load_config
+
+    cfg = _train_config(args)
+    recorded = Path(cfg.output_dir) / "config.json"
+    if not recorded.is_file():
+        return cfg
+    overrides = [a for a in (args.preset, *args.overrides) if a and "=" in a]
+    try:
+        run_cfg = load_config(str(recorded), overrides)
+    except ValueError as e:
+        log(f"aisrl: note: {recorded} does not load with this version ({e}); scoring with the preset's settings")
+        return cfg
+    if args.preset and "=" not in args.preset:
+        changes = config_changes(dataclasses.asdict(run_cfg), dataclasses.asdict(cfg))
+        if changes:
+            log(f"aisrl: note: scoring with the settings the run recorded ({recorded}), not preset "
+                f"{args.preset!r}'s; they differ in {'; '.join(changes)} (run's value -> preset's)")  # fmt: skip
+    return run_cfg
+
+
 def _eval(args) -> int:
     from aisrl.checkpoint import latest_checkpoint
     from aisrl.train_config import resolve_device
     from aisrl.trainer import build, evaluate, make_policy, problem_sets
 
-    cfg = _train_config(args)
+    cfg = _run_config(args)
     ckpt = latest_checkpoint(cfg.output_dir)
     if ckpt is None:
         raise ValueError(f"no checkpoint in {cfg.output_dir!r}; train first or pass output_dir=...")
@@ -159,6 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:  # bad config or input: one clear line, no traceback
         print(f"aisrl: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # runs of a study that failed: each logged its own traceback, say which
+        from aisrl.compare import RunsFailed
+
+        if not isinstance(e, RunsFailed):
+            raise
+        print(f"aisrl: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -156,15 +156,21 @@ def run_rows(path: Path) -> list[dict]:
     return read_jsonl(path / "metrics.jsonl")
 
 
-def _check_recorded(runs: list[Run], cfg: CompareConfig) -> None:
-    """Raise if a run's recorded config (its first start's) differs from what this invocation would train."""
+def _check_runs(runs: list[Run], cfg: CompareConfig) -> None:
+    """Raise, before anything trains, if a run's settings cannot train (naming its group), or if its recorded
+    config (its first start's) differs from what this invocation would train."""
     from aisrl.checkpoint import config_changes
-    from aisrl.train_config import load_config
+    from aisrl.train_config import load_config, validate
 
     for run in runs:
+        tc = load_config(cfg.preset, run.overrides(cfg))
+        try:
+            validate(tc)
+        except ValueError as e:
+            raise ValueError(f"{run.group} cannot train with these settings: {e}") from e
         path = run.path(cfg.out) / "config.json"
         if path.exists():
-            changes = config_changes(json.loads(path.read_text()), asdict(load_config(cfg.preset, run.overrides(cfg))))
+            changes = config_changes(json.loads(path.read_text()), asdict(tc))
             if changes:
                 raise ValueError(f"{run.path(cfg.out)} was trained with other settings ({'; '.join(changes)}); "
                                  f"re-run with the study's original overrides, or use a new out=")  # fmt: skip
@@ -181,7 +187,7 @@ def run_study(cfg: CompareConfig, log=print) -> dict:
 
     runs = plan(cfg)
     base = load_config(cfg.preset, cfg.train)  # validates the shared overrides once
-    _check_recorded(runs, cfg)
+    _check_runs(runs, cfg)
     todo = [r for r in runs if (not cfg.only or r.group in cfg.only) and not _done(r, cfg, base.max_steps)]
     if cfg.jobs > 0 and todo:
         log(f"compare: {len(todo)} of {len(runs)} runs to do, {cfg.jobs} at a time, in {cfg.out}")
@@ -225,6 +231,10 @@ def _run_subprocesses(todo: list[Run], cfg: CompareConfig, log) -> None:
     train_subprocesses(runs, cfg.jobs, lambda m: log(f"compare: {m}"))
 
 
+class RunsFailed(RuntimeError):
+    """Some of the `aisrl train` processes of a study or branch set exited with an error (each logged its own)."""
+
+
 def train_subprocesses(runs: list[tuple[str, list[str], Path]], jobs: int, log) -> None:
     """`jobs` concurrent `aisrl train ARGS...` processes, each limited to its share of the cores. `runs` holds
     (label, train arguments, run folder); each process appends to the folder's train.log."""
@@ -248,8 +258,8 @@ def train_subprocesses(runs: list[tuple[str, list[str], Path]], jobs: int, log) 
                 failed.append(label)
                 log(f"{label} failed (exit {proc.returncode}), see its train.log")
     if failed:
-        raise RuntimeError(f"{len(failed)} runs failed ({', '.join(failed)}); fix and re-run the same command to "
-                           "resume them")  # fmt: skip
+        raise RunsFailed(f"{len(failed)} runs failed ({', '.join(failed)}); each one's train.log says why; fix "
+                         "and re-run the same command to resume them")  # fmt: skip
 
 
 def _evaluate_finals(cfg: CompareConfig, runs: list[Run], max_steps: int, log) -> None:

@@ -107,8 +107,15 @@ def apply_mapping(cfg, data: dict, prefix: str = ""):
 
 
 def _float_text(value, typ):
-    """`value` as a float when it is a string that spells one and `typ` takes floats but not strings."""
+    """`value` with each string that spells a float made one where `typ` takes floats but not strings (YAML 1.1
+    reads `1e-4` as text), inside lists and tuples too."""
     options = typing.get_args(typ) if typing.get_origin(typ) in (typing.Union, types.UnionType) else (typ,)
+    if isinstance(value, (list, tuple)):
+        for opt in options:
+            if (typing.get_origin(opt) or opt) in (list, tuple):  # extra items keep their text; _check counts them
+                types_ = [*_item_types(opt, value), *[typing.Any] * len(value)][: len(value)]
+                return [_float_text(v, t) for v, t in zip(value, types_, strict=True)]
+        return value
     if isinstance(value, str) and float in options and str not in options:
         try:
             return float(value)

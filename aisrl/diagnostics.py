@@ -63,7 +63,8 @@ class Batch:
 
 
 def prepare(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> Batch:
-    """Check shapes, detach, drop NaN tokens, clamp log-ratios. Raises ValueError on bad shapes."""
+    """Check shapes, detach, bring every input to old_logp's device, drop NaN tokens, clamp log-ratios. Raises
+    ValueError on bad shapes."""
     for name, t in (("old_logp", old_logp), ("rollout_logp", rollout_logp), ("mask", mask)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -74,9 +75,9 @@ def prepare(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tens
             "old_logp, rollout_logp and mask must share one (N, T) shape; got "
             f"{tuple(old_logp.shape)}, {tuple(rollout_logp.shape)}, {tuple(mask.shape)}"
         )
-    old = old_logp.detach().float()
-    roll = rollout_logp.detach().float()
-    given = mask.detach().bool()
+    old = old_logp.detach().float()  # on the trainer's device; rollout_logp and the mask may come from another
+    roll = rollout_logp.detach().to(old.device).float()
+    given = mask.detach().to(old.device).bool()
     raw = old - roll  # (N, T)
     # A counted token is unusable when either side is NaN, or the trainer gives it no probability
     # (old_logp = -inf: its log-prob gradient is undefined). rollout_logp = -inf only makes w huge: clamped.

@@ -35,7 +35,7 @@ import torch
 from aisrl.engine_ops import E4M3_MAX, STAGES, CompiledStage, Linear, prefill_attention
 from aisrl.kernels import decode_attention, kernel_supports, triton_available
 from aisrl.lora import merged_state
-from aisrl.quant import QuantConfig, quant_config
+from aisrl.quant import PRESETS, QuantConfig, quant_config
 from aisrl.rollout import Rollout, SamplingParams, _positions, device_of, left_pad
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3")
@@ -63,12 +63,20 @@ class _State:
     out_logp: torch.Tensor  # (B, max_len) FP32
 
 
+def _runs(qc: QuantConfig) -> bool:
+    """Whether the engine computes `qc` with real GEMMs: FP8 E4M3 weights and activations, tensor or channel scales."""
+    return qc.format == "fp8_e4m3" and qc.activations and qc.granularity != "block"
+
+
+ENGINE_PRESETS = tuple(sorted(name for name, qc in PRESETS.items() if _runs(qc)))  # what rollout.engine=static runs
+
+
 def engine_quant(quant: str | QuantConfig | None) -> QuantConfig | None:
     """The engine's quantisation for a preset name / QuantConfig / None; raises for what it cannot run."""
     qc = None if quant in (None, "none") else quant_config(quant) if isinstance(quant, str) else quant
-    if qc is not None and (qc.format != "fp8_e4m3" or not qc.activations or qc.granularity == "block"):
+    if qc is not None and not _runs(qc):
         raise ValueError(f"Engine runs real FP8 GEMMs: quant must be 'none' or FP8 E4M3 W8A8 with tensor or "
-                         f"channel scales (fp8_e4m3_w8a8, fp8_e4m3_tensor_w8a8, fp8_e4m3_w8a8_kv), not {qc}; "
+                         f"channel scales (one of {list(ENGINE_PRESETS)}), not {qc}; "
                          "emulate other formats with aisrl.quant.quantize_ + aisrl.rollout.generate")  # fmt: skip
     return qc
 

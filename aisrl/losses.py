@@ -37,7 +37,8 @@ RATIO_LOG_CLAMP = 20.0
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True, eps: float = 1e-4):
-    """(B*G,) rewards, grouped consecutively by prompt -> (B*G,) advantages, vectorised."""
+    """(B*G,) rewards, grouped consecutively by prompt -> (B*G,) advantages, vectorised. A completion whose reward
+    is NaN or infinite (it could not be scored) gets advantage 0 and is left out of its group's mean and std."""
     if rewards.dim() != 1:
         raise ValueError(f"rewards must have shape (B*G,), got {tuple(rewards.shape)}")
     if group_size < 2 or rewards.numel() % group_size:
@@ -45,10 +46,15 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True,
             f"group_size must be >= 2 and divide the number of rewards ({rewards.numel()}); got {group_size}"
         )
     r = rewards.detach().float().view(-1, group_size)  # (B, G)
-    adv = r - r.mean(-1, keepdim=True)  # (B, G)
-    if scale:
-        adv = adv / (r.std(-1, keepdim=True) + eps)
-    return adv.reshape(-1)
+    ok = torch.isfinite(r)  # (B, G)
+    if bool(ok.all()):  # torch's own reductions: the same bits as every run recorded so far
+        mean, std = r.mean(-1, keepdim=True), r.std(-1, keepdim=True)  # (B, 1)
+    else:
+        n = ok.sum(-1, keepdim=True)  # (B, 1) scored completions per group
+        mean = torch.where(ok, r, 0.0).sum(-1, keepdim=True) / n.clamp(min=1)
+        std = (torch.where(ok, r - mean, 0.0).pow(2).sum(-1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()  # unbiased
+    adv = torch.where(ok, r - mean, 0.0)  # (B, G)
+    return (adv / (std + eps) if scale else adv).reshape(-1)
 
 
 def _masked_aggregate(per_tok: torch.Tensor, m: torch.Tensor, agg: str, horizon: int | None) -> torch.Tensor:
@@ -69,10 +75,17 @@ def _masked_aggregate(per_tok: torch.Tensor, m: torch.Tensor, agg: str, horizon:
     return (per_tok * m).sum() / (n_seq * horizon)  # seq-mean-token-sum-norm
 
 
-def _check_inputs(logp, old_logp, mask, dual_clip, ref_logp=None, kl_coef=0.0) -> None:
+def _check_inputs(logp, old_logp, mask, dual_clip, ref_logp=None, kl_coef=0.0, *, adv=None, weights=None) -> None:
     if logp.shape != old_logp.shape or logp.shape != mask.shape or logp.dim() != 2:
         raise ValueError(f"logp, old_logp and mask must share one (N, T) shape; got {tuple(logp.shape)}, "
                          f"{tuple(old_logp.shape)}, {tuple(mask.shape)}")  # fmt: skip
+    n, t = logp.shape
+    if adv is not None and tuple(adv.shape) not in ((n,), (n, t)):
+        raise ValueError(f"adv must be (N,) per sequence or (N, T) per token, with (N, T) = {(n, t)} from logp; "
+                         f"got {tuple(adv.shape)}")  # fmt: skip
+    for name, x in (("weights", weights), ("ref_logp", ref_logp)):
+        if x is not None and tuple(x.shape) != (n, t):
+            raise ValueError(f"{name} must have logp's (N, T) shape {(n, t)}; got {tuple(x.shape)}")
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (it bounds the loss of negative advantages), got {dual_clip}")
     if ref_logp is None and kl_coef:
@@ -109,7 +122,7 @@ def clipped_surrogate(
 
     Returns (l, ratio, log_ratio, clipped, dual), each (N, T); `clipped`/`dual` flag tokens where the clip or
     the dual clip is active. Shared by grpo_loss and the verl adapter (which aggregates with verl's agg_loss)."""
-    _check_inputs(logp, old_logp, on, dual_clip)
+    _check_inputs(logp, old_logp, on, dual_clip, adv=adv)
     logp = _at_least_fp32(logp)
     on, old_logp = on.to(logp.device), old_logp.to(logp.device)
     adv = _like(adv, logp)
@@ -148,7 +161,7 @@ def grpo_loss(
     """Clipped policy loss of GRPO with mismatch weights; returns (scalar loss, detached metrics)."""
     if agg not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {agg!r}; choose from {list(AGGREGATIONS)}")
-    _check_inputs(logp, old_logp, mask, dual_clip, ref_logp, kl_coef)
+    _check_inputs(logp, old_logp, mask, dual_clip, ref_logp, kl_coef, adv=adv, weights=weights)
     if agg == "seq-mean-token-sum-norm" and not (isinstance(horizon, int) and horizon > 0):
         raise ValueError(
             "agg='seq-mean-token-sum-norm' needs horizon=<max completion length> (a constant, not the padded "
@@ -209,7 +222,7 @@ def tbpo_loss(
     'seq-mean' (the objective is per sequence); `horizon` is accepted for a uniform loss signature."""
     if agg != "seq-mean":
         raise ValueError(f"tbpo aggregates per sequence; agg must be 'seq-mean', got {agg!r}")
-    _check_inputs(logp, old_logp, mask, dual_clip, ref_logp, kl_coef)
+    _check_inputs(logp, old_logp, mask, dual_clip, ref_logp, kl_coef, adv=adv, weights=weights)
     logp = _at_least_fp32(logp)
     m = _like(mask, logp)  # (N, T)
     on = m > 0

@@ -307,9 +307,12 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.rollout.engine == "static" and (cfg.model.kind != "causal" or cfg.rollout.align):
         raise ValueError("rollout.engine=static samples causal LMs without QaRL alignment (rollout.align=false)")
     if cfg.rollout.engine == "static":
-        from aisrl.engine import engine_quant
+        from aisrl.engine import ENGINE_PRESETS
 
-        engine_quant(cfg.rollout.quant)  # raises, naming the formats the engine runs, before any model is built
+        if cfg.rollout.quant not in ("none", *ENGINE_PRESETS):
+            raise ValueError(f"rollout.engine=static runs real FP8 GEMMs and cannot sample rollout.quant="
+                             f"{cfg.rollout.quant!r}; use rollout.quant=none or one of {sorted(ENGINE_PRESETS)}, "
+                             "or rollout.engine=hf, which emulates every format")  # fmt: skip
     if cfg.model.kind not in ("causal", "diffusion"):
         raise ValueError(f"unknown model.kind {cfg.model.kind!r}; choose from ['causal', 'diffusion']")
     if cfg.model.kind == "diffusion":

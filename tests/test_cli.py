@@ -34,3 +34,27 @@ def test_the_main_job_is_one_preset_everywhere():
     cfg = _train_config(argparse.Namespace(preset="max_steps=3", overrides=["lr=1e-3"]))
     assert cfg == load_config(DEFAULT_PRESET, ["max_steps=3", "lr=1e-3"]) and cfg.max_steps == 3
     assert cfg.lab.trace == "columns" and cfg.lab.target is None  # a fixed-length warm start (the same on any CPU)
+
+
+def test_eval_scores_a_run_with_the_settings_it_recorded(tmp_path):
+    """A run trained with seed=3 is scored on seed 3's held-out problems, whatever preset `aisrl eval` is given."""
+    import argparse
+    import dataclasses
+
+    from aisrl.cli import _run_config
+    from aisrl.train_config import load_config
+
+    run = tmp_path / "run"
+    notes = []
+    args = argparse.Namespace(preset="lab_columns", overrides=[f"output_dir={run}", "eval_problems=7"])
+    assert _run_config(args, notes.append) == load_config("lab_columns", args.overrides)  # nothing recorded yet
+    run.mkdir()
+    trained = load_config("lab_columns", ["seed=3", "lr=1e-3", f"output_dir={run}"])
+    (run / "config.json").write_text(json.dumps(dataclasses.asdict(trained)))
+    cfg = _run_config(args, notes.append)
+    assert (cfg.seed, cfg.lr, cfg.eval_problems) == (3, 1e-3, 7)  # the record, then the overrides typed
+    assert len(notes) == 1 and "seed: 3 -> 0" in notes[0] and "lr: 0.001 -> " in notes[0]
+    cfg = _run_config(argparse.Namespace(preset=f"output_dir={run}", overrides=[]), notes.append)
+    assert cfg.seed == 3 and len(notes) == 1  # no preset named: nothing to note
+    (run / "config.json").write_text(json.dumps({**dataclasses.asdict(trained), "gone": 1}))  # another version
+    assert _run_config(args, notes.append).seed == 0 and "does not load" in notes[-1]

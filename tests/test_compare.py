@@ -164,6 +164,30 @@ def test_cli_reports_a_bad_method_without_running(tmp_path, capsys):
     assert "unknown method 'nope'" in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 
+def test_settings_one_method_cannot_train_with_are_refused_before_any_run(tmp_path, capsys):
+    """qarl refuses LoRA: the study says so before the warm start is built or the other methods train."""
+    args = ["compare", "methods=[tis,qarl]", "formats=[int4]", "seeds=[0]", f"out={tmp_path}", "lora.r=4"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "int4/qarl cannot train with these settings: rollout.align (QaRL) needs" in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())
+    assert main(["compare", "methods=[tis]", "formats=[int4]", "seeds=[0]", f"out={tmp_path}",
+                 "correction.cap=-1"]) == 2  # fmt: skip
+    assert "reference cannot train" not in (err := capsys.readouterr().err) and "int4/tis cannot train" in err
+
+
+def test_failed_runs_are_one_line_naming_them(monkeypatch, capsys):
+    import aisrl.compare as compare
+
+    def fail(cfg, log=print):
+        raise compare.RunsFailed("1 runs failed (int4/tis seed 0); each one's train.log says why")
+
+    monkeypatch.setattr(compare, "run_study", fail)
+    assert main(["compare", "methods=[tis]"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("aisrl: error: 1 runs failed (int4/tis seed 0)") and "Traceback" not in err
+
+
 def test_aggregate_only_with_jobs_zero_runs_nothing(tmp_path):
     cfg = CompareConfig(methods=["none"], formats=["int4"], seeds=[0], out=str(tmp_path), jobs=0)
     result = run_study(cfg, log=lambda _: None)

@@ -88,12 +88,18 @@ def test_yaml_mappings_keep_their_types_and_are_checked_like_overrides(tmp_path)
     preset.write_text(text)
     cfg = load_config(str(preset))
     assert cfg.lr == 1e-4 and cfg.seed == 3 and cfg.lab.ops == "it's \\\\ x" and cfg.lab.target == (0.4, 0.9)
+    preset.write_text("lab: {target: [4e-1, 9e-1]}\n")  # exponents inside a list are text to YAML 1.1 too
+    assert yaml.safe_load(preset.read_text())["lab"]["target"] == ["4e-1", "9e-1"]
+    assert load_config(str(preset)).lab.target == (0.4, 0.9)
+    assert apply_mapping(Cfg(), {"steps": ["1e-3", 2]}).steps == [1e-3, 2.0]
     for text, message in [("dataset: null", "'dataset' expects str, got None"),
                           ("rollout: {quant: off}", "'rollout.quant' expects str, got False"),
                           ("output_dir: 5", "'output_dir' expects str, got 5"),
                           ("rollout: 3", "section 'rollout' must be a mapping"),
                           ("rollout: {quantt: none}", "unknown config key 'rollout.quantt'"),
-                          ("seed: 1.5", "'seed' expects int")]:  # fmt: skip
+                          ("seed: 1.5", "'seed' expects int"),
+                          ("lab: {target: [4e-1, 9e-1, 1e-1]}", r"'lab.target' expects .* got \[0.4, 0.9, '1e-1'\]"),
+                          ("lab: {target: [4e-1, abc]}", "'lab.target' expects")]:  # fmt: skip
         preset.write_text(text + "\n")
         with pytest.raises(ValueError, match=message):
             load_config(str(preset))

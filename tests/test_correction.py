@@ -379,3 +379,11 @@ def test_severity_is_precise_for_tiny_mismatch():
     m = correct("none", old, roll, torch.ones(4, 8, dtype=torch.bool)).metrics
     # k3 = e^d - 1 - d = d^2/2 + d^3/6 + ..., averaged over +-d: d^2/2 to 1e-8 relative
     assert m["k3_kl"].item() == pytest.approx(d * d / 2, rel=0.02)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_inputs_from_another_device_are_brought_to_the_trainers():
+    old = torch.full((2, 3), -1.0, device="cuda")
+    roll, mask = torch.full((2, 3), -1.2), torch.ones(2, 3, dtype=torch.bool)  # from a CPU-side rollout
+    res = correct("ais", old, roll, mask)
+    assert res.weights.device == old.device and res.weights.cpu().equal(correct("ais", old.cpu(), roll, mask).weights)

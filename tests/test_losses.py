@@ -16,6 +16,15 @@ def test_group_advantages_by_hand():
     torch.testing.assert_close(group_advantages(r, 4, scale=False), torch.tensor([0.5, -0.5, -0.5, 0.5] + [0.0] * 4))
 
 
+def test_an_unscorable_completion_takes_no_part_in_its_group():
+    nan, inf = float("nan"), float("inf")
+    r = torch.tensor([1.0, nan, 0.0, 2.0, inf, nan, nan, 3.0, nan, nan, nan, nan])
+    std = 1.0  # unbiased std of the scored (1, 0, 2)
+    expected = [0.0, 0.0, -1.0 / (std + 1e-4), 1.0 / (std + 1e-4)] + [0.0] * 8  # a lone score has nothing to beat
+    torch.testing.assert_close(group_advantages(r, 4), torch.tensor(expected))
+    torch.testing.assert_close(group_advantages(r, 4, scale=False)[:4], torch.tensor([0.0, 0.0, -1.0, 1.0]))
+
+
 @pytest.mark.parametrize("g", [1, 3])
 def test_group_advantages_bad_group_size(g):
     with pytest.raises(ValueError, match="group_size"):
@@ -121,6 +130,16 @@ def test_bad_arguments_are_clear_errors():
         grpo_loss(x, x[:, :2], adv, mask)
     with pytest.raises(ValueError, match="needs ref_logp"):
         grpo_loss(x, x, adv, mask, kl_coef=0.1)
+    for loss_fn, agg in ((grpo_loss, "token-mean"), (tbpo_loss, "seq-mean")):  # silently broadcast before
+        with pytest.raises(ValueError, match=r"adv must be \(N,\) .* got \(1,\)"):
+            loss_fn(x, x, torch.zeros(1), mask, agg=agg)
+        with pytest.raises(ValueError, match=r"adv must be .* got \(3, 2\)"):
+            loss_fn(x, x, torch.zeros(3, 2), mask, agg=agg)
+        with pytest.raises(ValueError, match=r"weights must have logp's \(N, T\) shape \(2, 3\); got \(3,\)"):
+            loss_fn(x, x, adv, mask, weights=torch.ones(3), agg=agg)
+        with pytest.raises(ValueError, match=r"ref_logp must have .* got \(2, 1\)"):
+            loss_fn(x, x, adv, mask, ref_logp=torch.zeros(2, 1), kl_coef=0.1, agg=agg)
+        loss_fn(x, x, torch.zeros(2, 3), mask, weights=torch.ones(2, 3), agg=agg)  # (N, T) advantages are fine
 
 
 def test_sum_norm_uses_a_constant_horizon_not_the_padded_width():

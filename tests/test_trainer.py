@@ -137,7 +137,7 @@ def test_static_engine_rollouts_train_and_resume_exactly(tmp_path, monkeypatch):
     drop = ("time_rollout", "time_logprob", "time_correction", "time_train", "time_sync")
     for x, y in zip(ra[2:], rb[2:], strict=True):
         assert {k: v for k, v in x.items() if k not in drop} == {k: v for k, v in y.items() if k not in drop}
-    with pytest.raises(ValueError, match="FP8 E4M3 W8A8"):
+    with pytest.raises(ValueError, match=r"rollout.quant='int4'; use .*fp8_e4m3_w8a8.*rollout.engine=hf"):
         train(load_config("lab", [*TINY, "rollout.engine=static", "rollout.quant=int4", f"output_dir={a}x"]))
     with pytest.raises(ValueError, match="unknown rollout.engine 'vllm'"):
         train(load_config("lab", [*TINY, "rollout.engine=vllm", f"output_dir={a}y"]))
@@ -248,7 +248,9 @@ def test_eval_cli_accepts_overrides_and_lora_checkpoints(tmp_path, capsys, monke
     assert main(["train", "lab", *TINY, "max_steps=1", "lora.r=4", f"output_dir={out}"]) == 0
     assert main(["eval", *TINY, "lora.r=4", f"output_dir={out}"]) == 0
     assert "held-out greedy accuracy" in capsys.readouterr().out
-    assert main(["eval", *TINY, f"output_dir={out}"]) == 2  # without lora.r the checkpoint does not fit
+    assert main(["eval", f"output_dir={out}"]) == 0  # the run's recorded settings: lora.r=4, the tiny lab model
+    assert "held-out greedy accuracy" in capsys.readouterr().out
+    assert main(["eval", f"output_dir={out}", "lora.r=0"]) == 2  # overridden, the checkpoint does not fit
     assert "does not fit this model" in capsys.readouterr().err
 
 

@@ -1,0 +1,25 @@
+"""The GRPO update step (aisrl.update): what it logs over several epochs."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import aisrl.update as up
+
+
+def test_grad_norm_is_the_mean_over_epochs_like_the_other_metrics(monkeypatch):
+    model = torch.nn.Linear(2, 1, bias=False)
+    grads = iter([torch.tensor([[3.0, 4.0]]), torch.tensor([[0.0, 1.0]])])  # norms 5 and 1
+
+    def one_epoch(*args):
+        model.weight.grad = next(grads).clone()
+        return {"loss": 2.0}
+
+    monkeypatch.setattr(up, "accumulate_gradient", one_epoch)
+    cfg = SimpleNamespace(epochs=2, grad_clip=100.0)
+    res = SimpleNamespace(mask=torch.ones(1, 3, dtype=torch.bool))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    acc = up._update(cfg, model, None, opt, None, None, None, res, None, None)
+    assert acc["grad_norm"] == pytest.approx(3.0) and acc["loss"] == pytest.approx(2.0)
+    assert acc["update_skipped"] == 0.0
