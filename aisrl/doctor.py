@@ -50,10 +50,11 @@ TASKS = {"arithmetic": arithmetic_questions}
 @dataclass
 class DoctorConfig:
     model: str = "smollm2"
-    """'smollm2', a tiny-* model or a local Hugging Face directory (ignored when `preset` is set)."""
+    """'smollm2', a tiny-* model or a local Hugging Face directory (with `preset`, the preset's model)."""
     preset: str = ""
     """A training preset or YAML file (e.g. lab, diffusion_lab): diagnose its model, task prompts and sampling
-    settings; `model`, `task`, `max_new_tokens` and `temperature` are then the preset's."""
+    settings; `model`, `task`, `max_new_tokens` and `temperature` are then the preset's, and setting them is an
+    error."""
     formats: list[str] = field(default_factory=lambda: ["fp8_e4m3_w8a8", "fp8_e5m2_w8a8", "int4"])
     """Quantisation presets (aisrl.quant.PRESETS) to examine."""
     task: str = "arithmetic"
@@ -105,6 +106,12 @@ def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:
     """Run the doctor; returns {format: {metric: value, ..., "log_ratios": [...]}}."""
     for name in cfg.formats:
         quant_config(name)  # fail fast on an unknown preset, before loading anything
+    if cfg.preset:  # these come from the preset; a value given for them would be silently ignored
+        keys, default = ("model", "task", "max_new_tokens", "temperature"), DoctorConfig()
+        given = [k for k in keys if getattr(cfg, k) != getattr(default, k)]
+        if given:
+            raise ValueError(f"with a preset, {given} come from the preset ({cfg.preset!r}); drop them, or diagnose "
+                             "the model without preset")  # fmt: skip
     model, prompts, policy = _subject(cfg, model, tok)
     model.eval()
     seeds = [cfg.seed * 100_003 + i for i in range(len(prompts))]

@@ -33,6 +33,8 @@ def test_unknown_format_fails_before_loading(capsys):
     assert "unknown quantisation preset 'fp7'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown task"):
         diagnose(DoctorConfig(model="tiny-llama", task="chess"), tiny_model(), None)
+    assert main(["mismatch", "--preset", "lab", "--model", "tiny-llama", "temperature=0.7"]) == 2
+    assert "with a preset, ['model', 'temperature'] come from the preset ('lab')" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kind", ["causal", "diffusion"])
