@@ -150,6 +150,16 @@ def device_of(model) -> torch.device:
 
 
 @torch.no_grad()
+def request_seeds(key: tuple[int, ...], n: int) -> list[int]:
+    """n per-request seeds for the batch identified by `key` (e.g. seed, step, batch, process): deterministic, and
+    different in the low 32 bits, the only bits a CPU torch.Generator keeps (seeds 5 and 5 + 2**32 draw alike), so
+    a key that differs anywhere gives other draws."""
+    import hashlib
+
+    text = "/".join(str(int(k)) for k in key)
+    return [int.from_bytes(hashlib.blake2b(f"{text}/{i}".encode(), digest_size=4).digest(), "little") for i in range(n)]
+
+
 def generate(
     model,
     prompts: list[list[int]],

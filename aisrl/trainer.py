@@ -204,7 +204,9 @@ def train(cfg: TrainConfig, log=print) -> dict:
     if ckpt is not None:
         state = load_checkpoint(ckpt, model, opt)
         start, prev_alpha, history = state["step"], state["extra"].get("prev_alpha"), state["extra"].get("k3", [])
-        if "end_point" in state["extra"]:  # the last calibration's pick (a name in checkpoints before mixtures)
+        # the last calibration's pick (a name in checkpoints before mixtures); without calibration the configured
+        # correction is the end point, so a branch that names another correction trains with it
+        if cfg.correction.calibrate_every and "end_point" in state["extra"]:
             picked = state["extra"]["end_point"]
             end_point = picked if isinstance(picked, dict) else {picked: 1.0}
         past = state["extra"].get("calibrations", [])

@@ -66,6 +66,13 @@ def test_a_branch_can_change_settings_and_the_default_folder_names_them(run):
     assert r[1]["k3_kl"] > 0 and r[3]["k3_kl"] == pytest.approx(0.0, abs=1e-9)  # FP8 before, none after
 
 
+def test_a_branch_trains_with_the_correction_it_names_not_its_runs(run):
+    assert main(["branch", f"run={run}", "step=2", "salts=[1]", "correction.name=none"]) == 0
+    r = rows(run / "branches" / "step2_correction.name=none" / "salt1")
+    assert r[1]["weight_std"] > 0  # the run's AIS weights under FP8 rollouts
+    assert r[2]["weight_std"] == r[3]["weight_std"] == 0 and r[3]["weight_mean"] == 1  # uncorrected after it
+
+
 def test_bad_branches_are_refused_before_training(run, tmp_path, capsys):
     def err(**kw):
         with pytest.raises(ValueError) as e:

@@ -33,13 +33,19 @@ def grpo_args(tmp_path, **kw):
                           **kw)  # fmt: skip
 
 
-def test_two_real_steps_with_an_fp8_rollout_copy_log_ais_metrics(tmp_path):
+def test_two_real_steps_with_an_fp8_rollout_copy_log_ais_metrics(tmp_path, monkeypatch):
+    import aisrl.integrations.trl as adapter
+
+    seeds, real = [], adapter.generate
+    monkeypatch.setattr(adapter, "generate", lambda *a, **k: seeds.append(k["seeds"]) or real(*a, **k))
     model, tok, ds = tiny_setup()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     tr = AISGRPOTrainer(model=model, reward_funcs=reward_w5, args=grpo_args(tmp_path), train_dataset=ds,
                         processing_class=tok, correction="ais", rollout_quant="fp8_e4m3_w8a8")  # fmt: skip
     tr.train()
     assert tr.state.global_step == 2
+    low = [[s % 2**32 for s in batch] for batch in seeds]  # what CPU generators see: each step draws afresh
+    assert len(seeds) == 2 and low[0] != low[1] and len(set(low[0])) == len(low[0])
     logs = [h for h in tr.state.log_history if "aisrl/alpha" in h]
     assert len(logs) == 2
     for h in logs:

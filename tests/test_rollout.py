@@ -148,3 +148,14 @@ def test_quantised_rollout_and_fp8_kv_cache_show_mismatch(model):
         old = logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, p)
         m = correct("none", old, r.rollout_logp, r.completion_mask).metrics
         assert 0 < m["logprob_abs_diff_mean"] < 0.2 and torch.isfinite(m["k3_kl"])
+
+
+def test_request_seeds_differ_where_cpu_generators_look():
+    from aisrl.rollout import request_seeds
+
+    g = lambda s: torch.rand(3, generator=torch.Generator().manual_seed(s))  # noqa: E731
+    assert torch.equal(g(5), g(5 + 2**32))  # why: a CPU generator keeps the low 32 bits of its seed only
+    a, b, c = request_seeds((42, 0, 1, 0), 64), request_seeds((42, 7, 1, 0), 64), request_seeds((12345, 0, 1, 0), 64)
+    assert a == request_seeds((42, 0, 1, 0), 64) and all(0 <= s < 2**32 for s in a + b + c)  # reproducible
+    assert len({s for s in a + b + c}) == 192  # no step, seed or row draws like another
+    assert not torch.equal(g(a[0]), g(b[0]))

@@ -41,7 +41,7 @@ except ImportError as e:  # pragma: no cover - exercised only without trl
 from aisrl.correction import CORRECTIONS, check_options, correct
 from aisrl.lora import is_peft
 from aisrl.quant import quant_config, quantize_, sync_weights
-from aisrl.rollout import SamplingParams, generate
+from aisrl.rollout import SamplingParams, generate, request_seeds
 
 MULTIMODAL_FIELDS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
                      "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
@@ -157,9 +157,8 @@ class AISGRPOTrainer(GRPOTrainer):
         params = SamplingParams(self.max_completion_length, self.temperature)
         # per-request seeds from (seed, step, batch of the step, process, row): reproducible (a resume starts at a
         # step boundary), no two batches alike, and TRL's global RNG left alone
-        step = (self.args.seed * 1_000_003 + self.state.global_step) * 1024 + self._generations
-        base = (step * 64 + self.accelerator.process_index) * 65_536
-        seeds = [base + i for i in range(len(prompt_ids))]
+        key = (self.args.seed, self.state.global_step, self._generations, self.accelerator.process_index)
+        seeds = request_seeds(key, len(prompt_ids))
         r = generate(self._rollout, [list(p) for p in prompt_ids], params, seeds=seeds,
                      pad_id=self._tokenizer.pad_token_id, eos_id=list(self.eos_token_ids))  # fmt: skip
         mask, comp, logp = r.completion_mask.cpu(), r.completion_ids.cpu(), r.rollout_logp.cpu()
