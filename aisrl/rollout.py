@@ -23,6 +23,7 @@ position chunks in `logprobs`, never over a whole (B, T, V) batch.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 
 import torch
@@ -154,8 +155,6 @@ def request_seeds(key: tuple[int, ...], n: int) -> list[int]:
     """n per-request seeds for the batch identified by `key` (e.g. seed, step, batch, process): deterministic, and
     different in the low 32 bits, the only bits a CPU torch.Generator keeps (seeds 5 and 5 + 2**32 draw alike), so
     a key that differs anywhere gives other draws."""
-    import hashlib
-
     text = "/".join(str(int(k)) for k in key)
     return [int.from_bytes(hashlib.blake2b(f"{text}/{i}".encode(), digest_size=4).digest(), "little") for i in range(n)]
 
