@@ -311,7 +311,7 @@ def validate(cfg: TrainConfig) -> None:
 
         if cfg.rollout.quant not in ("none", *ENGINE_PRESETS):
             raise ValueError(f"rollout.engine=static runs real FP8 GEMMs and cannot sample rollout.quant="
-                             f"{cfg.rollout.quant!r}; use rollout.quant=none or one of {sorted(ENGINE_PRESETS)}, "
+                             f"{cfg.rollout.quant!r}; use rollout.quant=none or one of {list(ENGINE_PRESETS)}, "
                              "or rollout.engine=hf, which emulates every format")  # fmt: skip
     if cfg.model.kind not in ("causal", "diffusion"):
         raise ValueError(f"unknown model.kind {cfg.model.kind!r}; choose from ['causal', 'diffusion']")
