@@ -58,6 +58,20 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _dataset_sha256(path: str) -> str:
+    """SHA-256 of a local dataset's contents: a file's bytes, or a directory's files (names and bytes, in name
+    order), so a dataset edited in place is scored again; 'missing' when the path does not exist."""
+    root = Path(path)
+    if root.is_file():
+        return _sha256(root)
+    if not root.is_dir():
+        return "missing"
+    h = hashlib.sha256()
+    for f in sorted(x for x in root.rglob("*") if x.is_file()):
+        h.update(f"{f.relative_to(root).as_posix()}:{_sha256(f)};".encode())
+    return h.hexdigest()
+
+
 ADDED_LATER = (("", "sample_salt", 0), ("correction", "veto", 0.0), ("correction", "guard", 0.0))
 """Config fields added after scores were first cached: (section, key, default). They enter the config hash only when
 set away from their default, so adding a field does not make every cached score stale."""
@@ -65,15 +79,19 @@ set away from their default, so adding a field does not make every cached score 
 
 def _settings(checkpoint: str, digest: str, cfg, samples: int, held_samples: int) -> dict:
     """What a cached score depends on: the weights, the evaluation's sizes and seeds, and the run's
-    configuration (sampling parameters, task, pools, rollout format; everything but its directory)."""
+    configuration (sampling parameters, task, pools, rollout format; everything but its directory) and, for a
+    local dataset, its contents."""
     run = {k: v for k, v in asdict(cfg).items() if k != "output_dir"}
     for section, key, default in ADDED_LATER:  # at its default, a field added later leaves earlier scores valid
         where = run[section] if section else run
         if where.get(key) == default:
             del where[key]
     run_hash = hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return {"checkpoint": checkpoint, "weights_sha256": digest, "config_sha256": run_hash, "samples": samples,
-            "held_samples": held_samples, "seed_base": SEED_BASE}  # fmt: skip
+    out = {"checkpoint": checkpoint, "weights_sha256": digest, "config_sha256": run_hash, "samples": samples,
+           "held_samples": held_samples, "seed_base": SEED_BASE}  # fmt: skip
+    if cfg.dataset:  # the config names the dataset's path; its problems are in the file
+        out["dataset_sha256"] = _dataset_sha256(cfg.dataset)
+    return out
 
 
 def cached_scores(run_dir: str | Path, samples: int) -> dict | None:

@@ -199,11 +199,12 @@ def train(cfg: TrainConfig, log=print) -> dict:
         raise ValueError(f"the task gives {len(pool)} training and {len(held)} held-out problems; need at least "
                          f"prompts_per_step={cfg.prompts_per_step} and one held-out problem")  # fmt: skip
 
-    start, prev_alpha, history, end_point, past = 0, None, [], {cfg.correction.name: 1.0}, []
+    start, prev_alpha, guard_state, end_point, past = 0, None, {}, {cfg.correction.name: 1.0}, []
     ckpt = latest_checkpoint(out)
     if ckpt is not None:
         state = load_checkpoint(ckpt, model, opt)
-        start, prev_alpha, history = state["step"], state["extra"].get("prev_alpha"), state["extra"].get("k3", [])
+        start, prev_alpha = state["step"], state["extra"].get("prev_alpha")
+        guard_state = _guard_state(cfg, state["extra"], log)
         # the last calibration's pick (a name in checkpoints before mixtures); without calibration the configured
         # correction is the end point, so a branch that names another correction trains with it
         if cfg.correction.calibrate_every and "end_point" in state["extra"]:
@@ -226,7 +227,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
 
     past = collections.deque(past, maxlen=cfg.correction.calibrate_window - 1)  # what the next calibration averages
     B, G = cfg.prompts_per_step, cfg.group_size
-    guard = MismatchGuard(cfg.correction.guard, history=history)
+    guard = MismatchGuard(cfg.correction.guard, **guard_state)
     tracker = Tracker(out, cfg.max_steps, start, log) if rank == 0 else None
     for step in range(start + 1, cfg.max_steps + 1):
         t, row = {}, {}
@@ -298,6 +299,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
         elif cfg.correction.guard > 0:
             guard.save(model, opt)
             res.metrics["guard_rollback"] = torch.tensor(0.0)
+        if cfg.correction.guard > 0:  # a jump with no update to undo: the guard's baseline starts again from it
+            res.metrics["guard_rebase"] = torch.tensor(float(guard.rebased))
         t["time_correction"] = time.perf_counter() - t0
         # 4. mu epochs of the clipped loss over micro-batches, one optimizer step per epoch
         t0 = time.perf_counter()
@@ -317,8 +320,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
         if rank == 0:
             tracker.log_step(row)
             if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
-                kept = {"prev_alpha": prev_alpha, "k3": guard.history, "end_point": end_point,
-                        "calibrations": list(past)}  # fmt: skip
+                kept = {"prev_alpha": prev_alpha, "k3": guard.history, "guard_undo": guard.state(),
+                        "k3_rollout": _mismatch_key(cfg), "end_point": end_point, "calibrations": list(past)}
                 save_checkpoint(out, step, model, opt, kept)
     if rank != 0:
         return {}
@@ -326,6 +329,22 @@ def train(cfg: TrainConfig, log=print) -> dict:
     from aisrl.report import write_report
 
     return write_report(out)
+
+
+def _mismatch_key(cfg: TrainConfig) -> dict:
+    """The settings the rollout/trainer mismatch depends on: the guard's k3 baseline is valid only under them."""
+    return {"rollout": dataclasses.asdict(cfg.rollout), "precision": cfg.precision, "bypass": cfg.correction.bypass}
+
+
+def _guard_state(cfg: TrainConfig, extra: dict, log) -> dict:
+    """The mismatch guard's k3 baseline and undo copy from a checkpoint's extra state, or nothing when the
+    checkpoint was measured under other rollout settings (a branch to another format: the old level means
+    nothing there). Checkpoints before `k3_rollout` was stored keep their baseline."""
+    if extra.get("k3_rollout", _mismatch_key(cfg)) != _mismatch_key(cfg):
+        if cfg.correction.guard > 0:
+            log("the checkpoint's rollout settings differ from this run's: the mismatch guard starts a new baseline")
+        return {}
+    return {"history": extra.get("k3", []), "saved": extra.get("guard_undo")}
 
 
 def _rollout_model(cfg: TrainConfig, model, device, task, encode):

@@ -113,36 +113,51 @@ class MismatchGuard:
     low-precision copy represents badly. When a batch's k3 exceeds `factor` times the median of the last `window`
     steps' (once half the window is filled), `tripped` says so, the weights and optimizer state saved before the
     last update come back (`restore`), and the step trains on nothing. A k3 below MIN_K3 never trips it: with
-    rollouts (nearly) exact, the median is ~0 and rounding noise would otherwise read as a jump. Costs a copy of the
-    weights and the optimizer state; off (factor 0) it does nothing.
+    rollouts (nearly) exact, the median is ~0 and rounding noise would otherwise read as a jump.
+
+    A jump with no update to undo does not trip it. That is the step right after a rollback: its batch comes from
+    the weights the low k3s were measured on, so the jump belongs to the batch or to a new level of the mismatch,
+    not to an update; tripping again would skip every later step while the baseline never moved. Such a jump is
+    accepted (`rebased`): the step trains and the baseline starts again from it. Costs a copy of the weights and
+    the optimizer state, which checkpoints keep (`state`), so a resumed run guards as the uninterrupted one does;
+    off (factor 0) it does nothing.
     """
 
     MIN_K3 = 1e-4
     """No jump below this k3 KL (FP8 W8A8 rollouts of the lab model sit near 2e-3, MXFP4 W4A4 near 0.08)."""
 
-    def __init__(self, factor: float, window: int = 10, history: list[float] | None = None):
+    def __init__(self, factor: float, window: int = 10, history: list[float] | None = None, saved=None):
         self.factor, self.window = factor, window
         self.history = list(history or [])[-window:]
-        self.saved = None
+        self.saved = None if saved is None else (saved["model"], saved["optimizer"])
+        self.rebased = False
 
     def tripped(self, k3: float) -> bool:
+        """Whether the last update is to be undone for this batch's k3 (updates the baseline when it is not)."""
+        self.rebased = False
         if self.factor <= 0:
             return False
         bar = max(self.factor * statistics.median(self.history), self.MIN_K3) if self.history else math.inf
-        trip = len(self.history) >= self.window // 2 and k3 > bar
-        if not trip:  # a tripped batch is an outlier: it stays out of the baseline
-            self.history = [*self.history, k3][-self.window :]
-        return trip
+        jump = len(self.history) >= self.window // 2 and k3 > bar
+        if jump and self.saved is not None:
+            return True  # a tripped batch is an outlier: it stays out of the baseline
+        self.rebased = jump
+        self.history = [k3] if jump else [*self.history, k3][-self.window :]
+        return False
 
     def save(self, model, opt) -> None:
         if self.factor > 0:
             self.saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
 
     def restore(self, model, opt) -> bool:
-        """Back to the weights before the last update; False if there is none (the first step after a resume)."""
+        """Back to the weights before the last update; False if there is none."""
         if self.saved is None:
             return False
         model.load_state_dict(self.saved[0])
         opt.load_state_dict(self.saved[1])
         self.saved = None
         return True
+
+    def state(self) -> dict | None:
+        """The undo copy for a checkpoint (None when there is none): {'model': state dict, 'optimizer': state dict}."""
+        return None if self.saved is None else {"model": self.saved[0], "optimizer": self.saved[1]}

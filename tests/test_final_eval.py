@@ -121,3 +121,27 @@ def test_fields_added_later_change_the_config_hash_only_away_from_their_default(
     del run["sample_salt"], run["correction"]["veto"], run["correction"]["guard"]
     assert base == hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest()[:16]
     assert digest("sample_salt=1") != base and digest("correction.guard=4") != base and digest("lr=1e-3") != base
+
+
+def test_a_local_dataset_enters_the_cached_settings_by_its_contents(tmp_path):
+    from aisrl.final_eval import _settings
+    from aisrl.train_config import load_config
+
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "1+1", "answer": "2"}\n')
+
+    def settings():
+        return _settings("step_000001", "w", load_config("lab", [f"dataset={data}"]), 4, 8)
+
+    first = settings()
+    assert first["dataset_sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+    data.write_text('{"question": "1+2", "answer": "3"}\n')  # edited in place: same path, other problems
+    again = settings()
+    assert again["dataset_sha256"] != first["dataset_sha256"] and again["config_sha256"] == first["config_sha256"]
+    saved = tmp_path / "saved"  # a `datasets` directory: its files by name and bytes
+    (saved / "sub").mkdir(parents=True)
+    (saved / "sub" / "a.arrow").write_bytes(b"xyz")
+    d = _settings("s", "w", load_config("lab", [f"dataset={saved}"]), 4, 8)["dataset_sha256"]
+    (saved / "sub" / "a.arrow").write_bytes(b"xyw")
+    assert _settings("s", "w", load_config("lab", [f"dataset={saved}"]), 4, 8)["dataset_sha256"] != d
+    assert "dataset_sha256" not in _settings("s", "w", load_config("lab"), 4, 8)  # lab runs' caches stay valid

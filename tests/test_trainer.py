@@ -305,21 +305,27 @@ def test_veto_drops_the_sequences_that_hold_a_catastrophic_token(tmp_path, monke
 def test_mismatch_guard_trips_on_a_jump_of_the_k3_kl_and_restores_the_saved_weights():
     from aisrl.update import MismatchGuard
 
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
     g = MismatchGuard(4.0, window=4)
+    assert not g.restore(model, opt)  # nothing saved yet
+    g.save(model, opt)  # an update to undo
     assert [g.tripped(k) for k in (1.0, 1.2, 100.0)] == [False, False, True]  # a full half-window first
     assert g.history == [1.0, 1.2]  # the tripped batch stays out of the baseline
     assert not g.tripped(4.0) and g.history == [1.0, 1.2, 4.0]  # below 4 x the median 1.1: kept
     assert g.tripped(4.9) and not g.tripped(4.7)  # the median is now 1.2: the bar is 4.8
-    model = torch.nn.Linear(2, 2)
-    opt = torch.optim.AdamW(model.parameters())
-    assert not g.restore(model, opt)  # nothing saved yet
-    g.save(model, opt)
     before = model.weight.detach().clone()
     model.weight.grad = torch.ones_like(model.weight)
     opt.step()
     assert g.restore(model, opt) and torch.equal(model.weight, before) and opt.state_dict()["state"] == {}
-    exact = MismatchGuard(4.0, window=4, history=[0.0, 0.0])  # bit-identical rollouts: the median is 0
-    assert not exact.tripped(1e-7) and exact.tripped(2 * MismatchGuard.MIN_K3)
+    assert g.saved is None and not g.rebased
+    # the batch after a rollback jumps as well: nothing left to undo, so it trains and the baseline restarts from it
+    assert not g.tripped(50.0) and g.rebased and g.history == [50.0]
+    assert not g.tripped(60.0) and not g.rebased and g.history == [50.0, 60.0]  # re-armed after a half-window
+    g.save(model, opt)
+    assert g.tripped(1000.0) and g.state()["model"]["weight"].shape == (2, 2)  # 4 x the median 55 is the bar
+    exact = MismatchGuard(4.0, window=4, history=[0.0, 0.0], saved={"model": {}, "optimizer": {}})
+    assert not exact.tripped(1e-7) and exact.tripped(2 * MismatchGuard.MIN_K3)  # bit-identical rollouts: median 0
     off = MismatchGuard(0.0)
     assert not off.tripped(1e9) and off.history == [] and (off.save(model, opt), off.saved) == (None, None)
 
@@ -336,13 +342,13 @@ def test_guard_undoes_the_update_before_a_k3_spike(tmp_path, monkeypatch):
         res = real(name, old, roll, mask, **kw)
         if mask.shape[0] > 1 and name != "veto":
             calls.append(1)
-            if len(calls) == 7:  # as if update 6 had moved the trainer far from its FP8 copy
+            if len(calls) == 7 or len(calls) >= spike_from:  # as if update 6 had moved the trainer far from its copy
                 res.metrics["k3_kl"] = res.metrics["k3_kl"] * 1000 + 1.0
         return res
 
     monkeypatch.setattr(trainer, "correct", spike_at_step_7)
     base = [*TINY, "rollout.quant=fp8_e4m3_w8a8", "correction.guard=4", "checkpoint_every=1"]
-    calls = []
+    calls, spike_from = [], 99
     train(load_config("lab", [*base, "max_steps=7", f"output_dir={tmp_path / 'a'}"]), log=lambda _: None)
     calls = []
     train(load_config("lab", [*base, "max_steps=5", f"output_dir={tmp_path / 'b'}"]), log=lambda _: None)
@@ -351,6 +357,31 @@ def test_guard_undoes_the_update_before_a_k3_spike(tmp_path, monkeypatch):
     a7, b5 = load_file(tmp_path / "a/checkpoints/step_000007/model.safetensors"), load_file(
         tmp_path / "b/checkpoints/step_000005/model.safetensors")  # fmt: skip
     assert all(torch.equal(a7[k], b5[k]) for k in a7)  # step 7 is back at the weights before update 6
+    # a resume right before the jump undoes the same update: checkpoints keep the guard's copy
+    calls = []
+    train(load_config("lab", [*base, "max_steps=6", f"output_dir={tmp_path / 'c'}"]), log=lambda _: None)
+    train(load_config("lab", [*base, "max_steps=7", f"output_dir={tmp_path / 'c'}"]), log=lambda _: None)
+    c7 = load_file(tmp_path / "c/checkpoints/step_000007/model.safetensors")
+    assert rows(tmp_path / "c")[-1]["guard_rollback"] == 1.0 and all(torch.equal(a7[k], c7[k]) for k in a7)
+    # the mismatch stays high from step 7 on (a new level, not one update): one rollback, then it trains again
+    calls, spike_from = [], 7
+    train(load_config("lab", [*base, "max_steps=9", f"output_dir={tmp_path / 'd'}"]), log=lambda _: None)
+    r = rows(tmp_path / "d")
+    assert [x["guard_rollback"] for x in r] == [0.0] * 6 + [1.0, 0.0, 0.0]
+    assert [x["guard_rebase"] for x in r] == [0.0] * 7 + [1.0, 0.0]
+    assert [x["update_skipped"] for x in r] == [0.0] * 6 + [1.0, 0.0, 0.0]
+
+
+def test_a_checkpoint_keeps_the_guard_baseline_only_under_the_same_rollout_settings():
+    from aisrl.trainer import _guard_state, _mismatch_key
+
+    cfg = load_config("lab", [*TINY, "rollout.quant=fp8_e4m3_w8a8", "correction.guard=4"])
+    extra = {"k3": [0.002, 0.003], "guard_undo": {"model": {}, "optimizer": {}}, "k3_rollout": _mismatch_key(cfg)}
+    assert _guard_state(cfg, extra, print) == {"history": [0.002, 0.003], "saved": {"model": {}, "optimizer": {}}}
+    assert _guard_state(cfg, {"k3": [0.002]}, print) == {"history": [0.002], "saved": None}  # an older checkpoint
+    logs = []
+    branch = load_config("lab", [*TINY, "rollout.quant=mxfp4_w4a4", "correction.guard=4"])  # a branch to MXFP4
+    assert _guard_state(branch, extra, logs.append) == {} and "new baseline" in logs[0]
 
 
 def test_a_pinned_alpha_runs_ais_as_the_chosen_point_between_none_and_tis(tmp_path, monkeypatch):
