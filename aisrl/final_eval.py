@@ -89,7 +89,7 @@ def _settings(checkpoint: str, digest: str, cfg, samples: int, held_samples: int
     run_hash = hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest()[:16]
     out = {"checkpoint": checkpoint, "weights_sha256": digest, "config_sha256": run_hash, "samples": samples,
            "held_samples": held_samples, "seed_base": SEED_BASE}  # fmt: skip
-    if cfg.dataset:  # the config names the dataset's path; its problems are in the file
+    if cfg.dataset and cfg.task in ("dataset", "jsonl"):  # the config names the path; the problems are in the file
         out["dataset_sha256"] = _dataset_sha256(cfg.dataset)
     return out
 

@@ -90,7 +90,8 @@ class CorrectionConfig:
     """Drop tokens the error-token detector flags (loops, runs of large log-ratios) from the loss."""
     guard: float = 0.0
     """Mismatch guard: when a batch's rollout/trainer k3 KL exceeds this many times the median of the last 10 steps',
-    undo the previous update and train on nothing this step (e.g. 4; 0 = off). aisrl.update.MismatchGuard."""
+    undo the previous update and train on nothing this step (e.g. 4; 0 = off). aisrl.update.MismatchGuard. It keeps a
+    copy of the trainable weights and optimizer state, in memory and in every checkpoint."""
     calibrate_every: int = 0
     """Every this many steps from step 1 (0 = off), also sample the step's prompts from the full-precision trainer
     with the same seeds, and train from then on with the correction among `candidates` whose gradient on the

@@ -332,19 +332,25 @@ def train(cfg: TrainConfig, log=print) -> dict:
 
 
 def _mismatch_key(cfg: TrainConfig) -> dict:
-    """The settings the rollout/trainer mismatch depends on: the guard's k3 baseline is valid only under them."""
-    return {"rollout": dataclasses.asdict(cfg.rollout), "precision": cfg.precision, "bypass": cfg.correction.bypass}
+    """The settings the rollout/trainer mismatch depends on (format, QaRL alignment, sampling, trainer precision,
+    bypass): the guard's k3 baseline is valid only under them."""
+    ro = cfg.rollout
+    return {"quant": ro.quant, "align": ro.align, "temperature": ro.temperature, "top_p": ro.top_p,
+            "top_k": ro.top_k, "precision": cfg.precision, "bypass": cfg.correction.bypass}  # fmt: skip
 
 
 def _guard_state(cfg: TrainConfig, extra: dict, log) -> dict:
     """The mismatch guard's k3 baseline and undo copy from a checkpoint's extra state, or nothing when the
     checkpoint was measured under other rollout settings (a branch to another format: the old level means
-    nothing there). Checkpoints before `k3_rollout` was stored keep their baseline."""
-    if extra.get("k3_rollout", _mismatch_key(cfg)) != _mismatch_key(cfg):
-        if cfg.correction.guard > 0:
-            log("the checkpoint's rollout settings differ from this run's: the mismatch guard starts a new baseline")
+    nothing there). Checkpoints before `k3_rollout` was stored keep their baseline. The undo copy leaves `extra`, so
+    that it is held once (by the guard) for the run."""
+    undo = extra.pop("guard_undo", None)
+    if cfg.correction.guard <= 0:
         return {}
-    return {"history": extra.get("k3", []), "saved": extra.get("guard_undo")}
+    if extra.get("k3_rollout", _mismatch_key(cfg)) != _mismatch_key(cfg):
+        log("the checkpoint's rollout settings differ from this run's: the mismatch guard starts a new baseline")
+        return {}
+    return {"history": extra.get("k3", []), "saved": undo}
 
 
 def _rollout_model(cfg: TrainConfig, model, device, task, encode):

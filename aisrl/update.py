@@ -128,8 +128,9 @@ class MismatchGuard:
 
     def __init__(self, factor: float, window: int = 10, history: list[float] | None = None, saved=None):
         self.factor, self.window = factor, window
-        self.history = list(history or [])[-window:]
-        self.saved = None if saved is None else (saved["model"], saved["optimizer"])
+        on = factor > 0  # off, it keeps nothing: a later resume with the guard on must not undo to a stale copy
+        self.history = list(history or [])[-window:] if on else []
+        self.saved = (saved["model"], saved["optimizer"]) if on and saved is not None else None
         self.rebased = False
 
     def tripped(self, k3: float) -> bool:
@@ -146,14 +147,18 @@ class MismatchGuard:
         return False
 
     def save(self, model, opt) -> None:
+        """Copy what an update changes: the trainable weights and the buffers (not a LoRA model's frozen base), and
+        the optimizer state."""
         if self.factor > 0:
-            self.saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
+            frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+            weights = {k: v.detach().clone() for k, v in model.state_dict().items() if k not in frozen}
+            self.saved = (weights, copy.deepcopy(opt.state_dict()))
 
     def restore(self, model, opt) -> bool:
         """Back to the weights before the last update; False if there is none."""
         if self.saved is None:
             return False
-        model.load_state_dict(self.saved[0])
+        model.load_state_dict(self.saved[0], strict=False)  # the frozen weights were not copied: they did not move
         opt.load_state_dict(self.saved[1])
         self.saved = None
         return True

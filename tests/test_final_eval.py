@@ -131,7 +131,7 @@ def test_a_local_dataset_enters_the_cached_settings_by_its_contents(tmp_path):
     data.write_text('{"question": "1+1", "answer": "2"}\n')
 
     def settings():
-        return _settings("step_000001", "w", load_config("lab", [f"dataset={data}"]), 4, 8)
+        return _settings("step_000001", "w", load_config("lab", ["task=dataset", f"dataset={data}"]), 4, 8)
 
     first = settings()
     assert first["dataset_sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
@@ -141,7 +141,11 @@ def test_a_local_dataset_enters_the_cached_settings_by_its_contents(tmp_path):
     saved = tmp_path / "saved"  # a `datasets` directory: its files by name and bytes
     (saved / "sub").mkdir(parents=True)
     (saved / "sub" / "a.arrow").write_bytes(b"xyz")
-    d = _settings("s", "w", load_config("lab", [f"dataset={saved}"]), 4, 8)["dataset_sha256"]
+    d = _settings("s", "w", load_config("lab", ["task=jsonl", f"dataset={saved}"]), 4, 8)["dataset_sha256"]
     (saved / "sub" / "a.arrow").write_bytes(b"xyw")
-    assert _settings("s", "w", load_config("lab", [f"dataset={saved}"]), 4, 8)["dataset_sha256"] != d
+    assert _settings("s", "w", load_config("lab", ["task=jsonl", f"dataset={saved}"]), 4, 8)["dataset_sha256"] != d
     assert "dataset_sha256" not in _settings("s", "w", load_config("lab"), 4, 8)  # lab runs' caches stay valid
+    unread = load_config("lab", [f"dataset={data}"])  # a path the arithmetic task never reads
+    assert "dataset_sha256" not in _settings("s", "w", unread, 4, 8)
+    gone = load_config("lab", ["task=dataset", f"dataset={tmp_path / 'moved.jsonl'}"])
+    assert _settings("s", "w", gone, 4, 8)["dataset_sha256"] == "missing"

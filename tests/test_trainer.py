@@ -328,6 +328,24 @@ def test_mismatch_guard_trips_on_a_jump_of_the_k3_kl_and_restores_the_saved_weig
     assert not exact.tripped(1e-7) and exact.tripped(2 * MismatchGuard.MIN_K3)  # bit-identical rollouts: median 0
     off = MismatchGuard(0.0)
     assert not off.tripped(1e9) and off.history == [] and (off.save(model, opt), off.saved) == (None, None)
+    # a guarded run resumed with the guard off drops its copy: nothing stale for a later resume with it on
+    off = MismatchGuard(0.0, history=[1.0] * 5, saved=g.state())
+    assert off.history == [] and off.saved is None and off.state() is None
+    # a LoRA-style model: the frozen weights are not copied, and a restore leaves them as they are
+    lora = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    lora[0].requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in lora.parameters() if p.requires_grad])
+    g = MismatchGuard(4.0)
+    g.save(lora, opt)
+    assert sorted(g.state()["model"]) == ["1.bias", "1.weight"]
+    before = [p.detach().clone() for p in lora.parameters()]
+    with torch.no_grad():
+        for p in lora.parameters():
+            p.add_(1.0)
+    assert g.restore(lora, opt)
+    after = list(lora.parameters())
+    assert all(torch.equal(a, b + 1) for a, b in zip(after[:2], before[:2], strict=True))  # frozen: not restored
+    assert all(torch.equal(a, b) for a, b in zip(after[2:], before[2:], strict=True))
 
 
 def test_guard_undoes_the_update_before_a_k3_spike(tmp_path, monkeypatch):
@@ -377,11 +395,15 @@ def test_a_checkpoint_keeps_the_guard_baseline_only_under_the_same_rollout_setti
 
     cfg = load_config("lab", [*TINY, "rollout.quant=fp8_e4m3_w8a8", "correction.guard=4"])
     extra = {"k3": [0.002, 0.003], "guard_undo": {"model": {}, "optimizer": {}}, "k3_rollout": _mismatch_key(cfg)}
-    assert _guard_state(cfg, extra, print) == {"history": [0.002, 0.003], "saved": {"model": {}, "optimizer": {}}}
+    assert _guard_state(cfg, dict(extra), print) == {"history": [0.002, 0.003], "saved": extra["guard_undo"]}
     assert _guard_state(cfg, {"k3": [0.002]}, print) == {"history": [0.002], "saved": None}  # an older checkpoint
     logs = []
     branch = load_config("lab", [*TINY, "rollout.quant=mxfp4_w4a4", "correction.guard=4"])  # a branch to MXFP4
-    assert _guard_state(branch, extra, logs.append) == {} and "new baseline" in logs[0]
+    assert _guard_state(branch, dict(extra), logs.append) == {} and "new baseline" in logs[0]
+    off = load_config("lab", [*TINY, "rollout.quant=fp8_e4m3_w8a8"])  # resumed with the guard off: nothing kept
+    assert _guard_state(off, dict(extra), print) == {}
+    longer = load_config("lab", [*TINY, "rollout.quant=fp8_e4m3_w8a8", "correction.guard=4", "max_steps=500"])
+    assert _guard_state(longer, dict(extra), print)["history"] == [0.002, 0.003]  # same format and sampling
 
 
 def test_a_pinned_alpha_runs_ais_as_the_chosen_point_between_none_and_tis(tmp_path, monkeypatch):
