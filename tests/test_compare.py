@@ -371,3 +371,53 @@ def test_guard_study_pairs_guarded_runs_with_their_unguarded_twins(tmp_path, mon
     assert json.loads((tmp_path / "benchmarks/results/guard_t.json").read_text())["falls"]["none"] == 1
     with pytest.raises(SystemExit, match="unknown keys"):
         mod.main([str(tmp_path / "g"), str(tmp_path / "u"), "grup=f/ais"])
+
+
+def test_guard_replay_finds_the_guards_trips_and_slow_drifts(tmp_path, monkeypatch):
+    mod = load_benchmark("guard_replay")
+    monkeypatch.setattr(mod, "ROOT", tmp_path)
+    # the trainer's rule: step 11 trips; step 12's jump has no update to undo (restored), so it only rebases
+    assert mod.jump_trips([0.01] * 10 + [0.1, 0.1] + [0.01] * 3, 4.0, 10) == [11]
+    assert mod.jump_trips([0.01] * 4 + [1.0], 4.0, 10) == []  # fewer than half the window seen: no baseline yet
+
+    def run(group, seed, k3, evals, logged=()):  # logged=None: trained with the guard off
+        p = tmp_path / "study" / group / f"seed{seed}"
+        p.mkdir(parents=True)
+        rows = [{"step": i + 1, "reward": 0.5, "accuracy": 0.5, "k3_kl": v} for i, v in enumerate(k3)]
+        rows[0]["eval_accuracy_start"] = 0.45
+        for step, acc in evals.items():
+            rows[step - 1]["eval_accuracy"] = acc
+        for row in rows if logged is not None else []:
+            row["guard_rollback"] = float(row["step"] in logged)
+        (p / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    run("f/tis", 0, [0.01] * 20 + [0.1] + [0.01] * 9, {10: 0.5, 30: 0.5}, logged=(21,))  # one jump, guarded
+    run("f/tis", 1, [0.01] * 20 + [0.01 + 0.003 * i for i in range(1, 11)], {10: 0.5, 30: 0.4}, None)  # drifts, falls
+    run("f/tis", 2, [0.01] * 12, {10: 0.5})  # unfinished
+    run("f/ais", 0, [0.02] * 30, {10: 0.5, 30: 0.55})
+    # seed 1, anchor 10 (median 0.01), 5-step windows: the median of steps t-4..t is step t-2's k3,
+    # 0.01 + 0.003 (t - 22), first above 0.02 at t = 26
+    out = mod.main([str(tmp_path / "study"), "steps=30", "anchor=10", "drift_window=5", "tag=t"])
+    by = {r["run"]: r for r in out["runs"]}
+    assert sorted(by) == ["study/f/ais/seed0", "study/f/tis/seed0", "study/f/tis/seed1"]
+    a, b = by["study/f/tis/seed0"], by["study/f/tis/seed1"]
+    assert (a["trips"], a["logged_trips"], a["drift"], a["fell"]) == ([21], [21], None, False)
+    assert by["study/f/ais/seed0"]["logged_trips"] == []  # trained with the guard on, never tripped
+    assert (b["trips"], b["drift"], b["fell"], b["best_step"], b["last_eval"]) == ([], 26, True, 10, 0.4)
+    assert b["logged_trips"] is None
+    assert by["study/f/ais/seed0"]["trips"] == [] and by["study/f/ais/seed0"]["drift"] is None
+    assert out["falls"] == 1 and out["unfinished"] == [str(tmp_path / "study/f/tis/seed2")]
+    assert out["flagged"] == {"jump": {"fell": 0, "healthy": 1}, "drift": {"fell": 1, "healthy": 0}}
+    assert json.loads((tmp_path / "benchmarks/results/guard_replay_t.json").read_text())["falls"] == 1
+    only = mod.main([str(tmp_path / "study"), "group=f/ais", "steps=30", "tag=t"])
+    assert [r["run"] for r in only["runs"]] == ["study/f/ais/seed0"]
+    with pytest.raises(SystemExit, match="unknown keys"):
+        mod.main([str(tmp_path / "study"), "factr=4"])
+    with pytest.raises(SystemExit, match="no run finished"):
+        mod.main([str(tmp_path / "study"), "group=f/none", "steps=30"])
+    with pytest.raises(SystemExit, match="no such folder"):
+        mod.main([str(tmp_path / "stuyd")])
+    with pytest.raises(SystemExit, match="drift_window=0 must be at least 1"):
+        mod.main([str(tmp_path / "study"), "drift_window=0"])
+    with pytest.raises(SystemExit, match="factor='x' is not a float"):
+        mod.main([str(tmp_path / "study"), "factor=x"])
