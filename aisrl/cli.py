@@ -21,7 +21,15 @@ def _mismatch(args) -> int:
     from aisrl.config import apply_overrides
     from aisrl.doctor import DoctorConfig, main
 
-    cfg = DoctorConfig(model=args.model, task=args.task, preset=args.preset or "")
+    if args.preset:  # what the preset sets, given anyway (even at its default value), would be silently ignored
+        keys = [k.split("=", 1)[0].strip() for k in args.overrides]
+        given = [k for k in ("model", "task") if getattr(args, k) is not None]
+        given += [k for k in ("max_new_tokens", "temperature") if k in keys]
+        if given:
+            raise ValueError(f"with a preset, {given} come from the preset ({args.preset!r}); drop them, or diagnose "
+                             "the model without preset")  # fmt: skip
+    default = DoctorConfig()
+    cfg = DoctorConfig(model=args.model or default.model, task=args.task or default.task, preset=args.preset or "")
     if args.formats:
         cfg.formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     apply_overrides(cfg, args.overrides)
@@ -46,8 +54,11 @@ def _train(args) -> int:
     s = train(cfg)
     if not s:  # a non-zero rank under torchrun: rank 0 reports
         return 0
+    held = [f"{a:.1%} at step {step}" for step, a in s["eval_accuracy"]]
+    if s.get("eval_accuracy_start") is not None:
+        held.insert(0, f"{s['eval_accuracy_start']:.1%} at the start")
     print(f"reward: first fifth {s['reward_first_fifth']:.3f} -> last fifth {s['reward_last_fifth']:.3f}; "
-          f"held-out greedy accuracy {s['eval_accuracy']}")  # fmt: skip
+          f"held-out greedy accuracy {', '.join(held) or 'not measured'}")  # fmt: skip
     print(f"report: {s['report']}  metrics: {cfg.output_dir}/metrics.jsonl  summary: {cfg.output_dir}/summary.json")
     return 0
 
@@ -114,8 +125,8 @@ def _run_config(args, log=print):
     if args.preset and "=" not in args.preset:
         changes = config_changes(dataclasses.asdict(run_cfg), dataclasses.asdict(cfg))
         if changes:
-            log(f"aisrl: note: scoring with the settings the run recorded ({recorded}), not preset "
-                f"{args.preset!r}'s; they differ in {'; '.join(changes)} (run's value -> preset's)")  # fmt: skip
+            log(f"aisrl: note: scoring with the settings the run recorded ({recorded}), not those of preset "
+                f"{args.preset!r}; they differ in {'; '.join(changes)} (run's value -> preset's)")  # fmt: skip
     return run_cfg
 
 
@@ -162,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     est.add_argument("--out", help="JSON output path (default runs/estimator/estimator.json)")
     est.set_defaults(func=_bench_estimator)
     mis = sub.add_parser("mismatch", help="the mismatch doctor: rollout-vs-trainer metrics per precision format")
-    mis.add_argument("--model", default="smollm2", help="smollm2, a tiny-* model or a local HF directory")
+    mis.add_argument("--model", help="smollm2 (the default), a tiny-* model or a local HF directory")
     mis.add_argument("--formats", help="comma-separated presets from aisrl.quant.PRESETS")
-    mis.add_argument("--task", default="arithmetic", help="prompt source")
+    mis.add_argument("--task", help="prompt source (default arithmetic)")
     mis.add_argument("--preset", help="diagnose a training preset's model, prompts and sampling (lab, diffusion_lab)")
     mis.add_argument("--out", default="runs/mismatch", help="output directory (JSON + PNG)")
     mis.add_argument("overrides", nargs="*", help="e.g. prompts=32 max_new_tokens=128 temperature=0.7")
@@ -183,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as e:  # bad config or input: one clear line, no traceback
+    except (ValueError, OSError) as e:  # bad config or input, a path that cannot be written: one line, no traceback
         print(f"aisrl: error: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:  # runs of a study that failed: each logged its own traceback, say which

@@ -142,6 +142,8 @@ def plan(cfg: CompareConfig) -> list[Run]:
         quant_config(f)  # raises with the list of presets
     if not cfg.seeds or not (cfg.methods or cfg.reference):
         raise ValueError("nothing to compare: give at least one seed and one method (or reference=true)")
+    if cfg.jobs < 0:
+        raise ValueError(f"jobs must be >= 0 (runs trained at a time; 0 trains nothing and aggregates), got {cfg.jobs}")
     runs = [Run("none", "none", s) for s in cfg.seeds] if cfg.reference else []
     runs += [Run(f, m, s) for f in cfg.formats for m in cfg.methods for s in cfg.seeds]
     groups = {r.group for r in runs}

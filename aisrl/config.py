@@ -39,6 +39,11 @@ def _check(key: str, value, typ):
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"config key {key!r} expects a list, got {value!r}")
         return [_check(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)] if args else list(value)
+    if origin is dict or typ is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ValueError(f"config key {key!r} expects a mapping with text keys like {{'name': 3}}, got {value!r}")
+        inner = args[1] if len(args) == 2 else typing.Any
+        return {k: _check(f"{key}.{k}", v, inner) for k, v in value.items()}
     if origin is tuple or typ is tuple:
         types_ = _item_types(typ, value)
         if not isinstance(value, (list, tuple)) or len(types_) != len(value):

@@ -188,6 +188,16 @@ def _veto(b: Batch, threshold: float = 1e-4):
     return torch.ones_like(b.delta), b.mask & ~_per_seq(_vetoed(b, threshold)), torch.zeros_like(b.mask), {}
 
 
+def _ais_view(b: Batch, cap: float, floor: float) -> dict[str, torch.Tensor]:
+    """The three AIS diagnostics of the batch and the alpha they give (`alpha_batch`)."""
+    diag = ais_diagnostics(b, cap, floor)
+    diag["alpha_batch"] = ais_alpha(
+        diag["weight_reliability"], diag["divergence_severity"], diag["variance_amplification"],
+        diag.pop("num_seqs"), diag.pop("num_tokens"),
+    )  # fmt: skip
+    return diag
+
+
 def _ais(
     b: Batch,
     cap: float = 2.0,
@@ -200,13 +210,12 @@ def _ais(
     _check_cap(cap, floor)
     if not 0.0 <= ema < 1.0:
         raise ValueError(f"ais ema must be in [0, 1), got {ema}")
-    diag = ais_diagnostics(b, cap, floor)
-    batch_alpha = ais_alpha(
-        diag["weight_reliability"], diag["divergence_severity"], diag["variance_amplification"],
-        diag.pop("num_seqs"), diag.pop("num_tokens"),
-    )  # fmt: skip
+    diag = _ais_view(b, cap, floor)
+    batch_alpha = diag.pop("alpha_batch")
     if alpha is not None and (ema > 0 or prev_alpha is not None):
         raise ValueError("ais: pass either a fixed alpha or ema/prev_alpha smoothing, not both")
+    if prev_alpha is not None and ema == 0:
+        raise ValueError("ais prev_alpha (last step's alpha) only matters for the ema: pass ema > 0 with it")
     if prev_alpha is not None:
         prev = float(prev_alpha)
         if not 0.0 <= prev <= 1.0:  # also rejects NaN
@@ -283,6 +292,8 @@ def correct(
     metrics = mismatch_metrics(b)
     metrics.update(_application_metrics(b, weights, keep, clipped))
     metrics.update(extra)
+    if name != "ais":  # what AIS would see and choose on this batch, logged whatever corrects it (its cap, if any)
+        metrics.update(_ais_view(b, options.get("cap", 2.0), options.get("floor", 0.0)))
     if metrics_only:
         weights, keep = b.mask.float(), b.mask
     metrics = {k: v.detach().float() for k, v in metrics.items()}

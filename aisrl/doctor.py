@@ -35,7 +35,8 @@ REPORTED = ["k3_kl", "kl", "ess", "chi2_token", "chi2_seq", "logprob_abs_diff_me
 
 
 def arithmetic_questions(n: int, seed: int) -> list[str]:
-    """Easy procedural arithmetic questions (a stand-in until aisrl.tasks exists)."""
+    """Easy procedural arithmetic questions: the doctor's own prompts, fixed so that its figures stay comparable
+    across versions (`preset=` examines a training task's prompts instead)."""
     rng = random.Random(seed)
     qs = []
     for _ in range(n):

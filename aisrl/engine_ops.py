@@ -184,7 +184,8 @@ def _mix32(x):  # an integer hash of 32-bit values held in int64 (low 32 bits of
 
 def counter_uniform(seeds: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """(B,) int64 seeds and a step counter -> (B,) FP32 uniforms in (0, 1), identical on every device."""
-    h = _mix32((seeds & _M32) ^ _mix32(((seeds >> 32) & _M32) ^ _mix32(t & _M32)))
+    step = _mix32((t + 0x9E3779B9) & _M32)  # offset: _mix32 maps 0 to 0, which made seed 0's first uniform 3e-8
+    h = _mix32((seeds & _M32) ^ _mix32(((seeds >> 32) & _M32) ^ step))
     return ((h >> 8).float() + 0.5) / 2.0**24
 
 

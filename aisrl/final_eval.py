@@ -72,7 +72,14 @@ def _dataset_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-ADDED_LATER = (("", "sample_salt", 0), ("correction", "veto", 0.0), ("correction", "guard", 0.0))
+ADDED_LATER = (
+    ("", "sample_salt", 0),
+    ("correction", "veto", 0.0),
+    ("correction", "guard", 0.0),
+    ("", "task_options", {}),
+    ("correction", "options", {}),
+    ("", "scale_advantages", True),
+)
 """Config fields added after scores were first cached: (section, key, default). They enter the config hash only when
 set away from their default, so adding a field does not make every cached score stale."""
 

@@ -70,6 +70,10 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32):
         return tiny_model(name_or_path), None
     if name_or_path == "smollm2":
         path = smollm2_path()
+        missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+        if missing:  # transformers reads GGUF files through them
+            raise ValueError(f"model 'smollm2' is a GGUF file; reading it needs {missing}: "
+                             f"pip install {' '.join(missing)} (or aisrl[gguf])")  # fmt: skip
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
         return model.eval(), tok

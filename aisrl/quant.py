@@ -134,13 +134,17 @@ class QuantConfig:
     lm_head: bool = False
     """Quantise the output projection too (kept in full precision by default, as vLLM/SGLang do)."""
     kv_cache: bool = False
-    """Store keys/values in FP8 E4M3 with per-head scales recalibrated at every weight sync."""
+    """Store keys/values in FP8 E4M3, with per-request, per-head scales calibrated on each rollout's prefill. The
+    cache is the sampler's (quantize_ swaps the linears only): rollout.generate and aisrl.engine.Engine read this
+    flag from the model's config."""
 
     def __post_init__(self):
         if self.format not in WEIGHT_FORMATS:
             raise ValueError(f"unknown format {self.format!r}; choose from {sorted(WEIGHT_FORMATS)}")
         if self.activations and self.format not in ACT_FORMATS:
             raise ValueError(f"activations=True needs one of {sorted(ACT_FORMATS)}, not {self.format!r}")
+        if self.group_size < 1:
+            raise ValueError(f"group_size must be >= 1 (INT4 values per scale), got {self.group_size}")
         if self.granularity not in ("tensor", "channel", "block"):
             raise ValueError(f"unknown granularity {self.granularity!r}; choose from ['block', 'channel', 'tensor']")
 
@@ -173,7 +177,11 @@ PRESETS = {
     "fp8_e4m3_block_w8a8": QuantConfig("fp8_e4m3", "block", activations=True),
     "fp8_e4m3_w8a8_kv": QuantConfig("fp8_e4m3", activations=True, kv_cache=True),
     "fp8_e5m2": QuantConfig("fp8_e5m2"),
+    "fp8_e5m2_tensor": QuantConfig("fp8_e5m2", "tensor"),
+    "fp8_e5m2_block": QuantConfig("fp8_e5m2", "block"),
     "fp8_e5m2_w8a8": QuantConfig("fp8_e5m2", activations=True),
+    "fp8_e5m2_tensor_w8a8": QuantConfig("fp8_e5m2", "tensor", activations=True),
+    "fp8_e5m2_block_w8a8": QuantConfig("fp8_e5m2", "block", activations=True),
     "int8_w8a8": QuantConfig("int8", activations=True),
     "int4": QuantConfig("int4"),
     "mxfp4": QuantConfig("mxfp4"),

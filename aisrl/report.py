@@ -30,6 +30,7 @@ def summarize(rows: list[dict]) -> dict:
         "reward_last_fifth": _mean([r["reward"] for r in rows[-fifth:]]),
         "accuracy_first_fifth": _mean([r["accuracy"] for r in rows[:fifth]]),
         "accuracy_last_fifth": _mean([r["accuracy"] for r in rows[-fifth:]]),
+        "eval_accuracy_start": rows[0].get("eval_accuracy_start") if rows else None,  # before the first update
         "eval_accuracy": [(r["step"], r["eval_accuracy"]) for r in evals],
         "mean_alpha": _mean([r.get("alpha") for r in rows]),
         "mean_k3_kl": _mean([r.get("k3_kl") for r in rows]),
@@ -50,7 +51,9 @@ def plot(rows: list[dict], path: Path) -> None:
     ev = [r for r in rows if "eval_accuracy" in r]
     ax[0].plot([r["step"] for r in ev], [r["eval_accuracy"] for r in ev], "o-", label="held-out greedy accuracy")
     ax[0].set_title("reward and accuracy")
-    for key in ("alpha", "weight_reliability", "divergence_severity", "variance_amplification"):
+    applied = any(r.get("alpha") is not None for r in rows)  # an AIS run; other runs show the alpha AIS would choose
+    for key in ("alpha" if applied else "alpha_batch", "weight_reliability", "divergence_severity",
+                "variance_amplification"):  # fmt: skip
         if any(r.get(key) is not None for r in rows):
             ax[1].plot(steps, [r.get(key) for r in rows], label=key)
     ax[1].set_title("AIS: alpha and diagnostics")

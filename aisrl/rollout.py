@@ -7,12 +7,17 @@ renormalised), exactly what the trainer recomputes with `logprobs(...)` under th
 Generation: left-padded prompts are prefilled once (only the last position's logits are computed), then
 one token per step through the model's KV cache. Each request samples by inverse CDF from one uniform
 number drawn from its own generator, so a request's completion depends only on its seed and prompt,
-not on the batch it shares. Known limit: the uniform has 24 bits and the CDF is FP32, so a token is drawn
-at a rate rounded to a grid of 2^-24 (about 6e-8) while `rollout_logp` reports its exact log-prob. On a
-151,936-token vocabulary with random logits (std 2 and 4) the sampled and the reported distributions differ by
-1.5e-3 and 0.7e-3 in total variation per step; with the lab's vocabulary of tens of tokens it is negligible.
+not on the batch it shares, as far as the model's arithmetic does: with quantised activations (W8A8, W4A4), a
+GEMM of another batch shape rounds differently by an FP32 ulp, which can flip a value's low-precision rounding
+and change the completion (the log-probs returned are still those the tokens were drawn from).
+
+Known limit: the uniform has 24 bits and the CDF is FP32, so a token is drawn at a rate rounded to a grid of 2^-24
+(about 6e-8) while `rollout_logp` reports its exact log-prob. On a 151,936-token vocabulary with random logits (std
+2 and 4) the sampled and the reported distributions differ by 1.5e-3 and 0.7e-3 in total variation per step; with
+the lab's vocabulary of tens of tokens it is negligible.
 Rows stop at EOS (kept in the completion and its mask), at a stop string
-(needs the tokenizer) or at max_new_tokens. An FP8 KV cache (`kv_cache_fp8=True`) fake-quantises keys
+(needs the tokenizer) or at max_new_tokens. An FP8 KV cache (`kv_cache_fp8=True`, the default for a model
+quantize_ gave a `*_kv` preset) fake-quantises keys
 and values to E4M3 with per-request, per-head scales calibrated on each rollout's prefill, so scales follow the
 weights after every sync (FP8-RL's per-step QKV recalibration).
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -168,10 +174,13 @@ def generate(
     pad_id: int | None = None,
     eos_id: int | list[int] | None = None,
     tokenizer=None,
-    kv_cache_fp8: bool = False,
+    kv_cache_fp8: bool | None = None,
 ) -> Rollout:
-    """Sample one completion per prompt; see the module docstring."""
+    """Sample one completion per prompt; see the module docstring. `kv_cache_fp8=None` follows the model: an FP8
+    cache when quantize_ gave it a config with kv_cache=True (a `*_kv` preset)."""
     params = params or SamplingParams()
+    if kv_cache_fp8 is None:
+        kv_cache_fp8 = bool(getattr(getattr(model, "quant_config", None), "kv_cache", False))
     cfg = model.config
     pad_id = pad_id if pad_id is not None else (cfg.pad_token_id if cfg.pad_token_id is not None else 0)
     eos = eos_id if eos_id is not None else cfg.eos_token_id
@@ -194,14 +203,16 @@ def generate(
     cache = _make_cache(kv_cache_fp8, attn)
     pos = _positions(attn)
     step_in, step_pos = ids.to(device), pos
+    # transformers 5.x names the cache argument `cache` and warns on `past_key_values`, which 4.x still needs
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     for t in range(T):
         logits = model(
             input_ids=step_in,
             attention_mask=attn.long(),
             position_ids=step_pos,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{cache_arg: cache},
         ).logits[:, -1]  # fmt: skip  (B, V)
         logp = process_logits(logits, params).cpu()  # (B, V)
         if params.greedy:

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import inspect
 import json
 import operator
 import random
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -279,7 +281,8 @@ class JsonlMath(Task):
     """GSM8K / MATH-style problems from a local dataset (JSONL, Parquet or a saved `datasets` directory)
     with a `question` (or `problem`) and an `answer` field; GSM8K answers keep the final number after ####.
 
-    Answers are compared with math-verify when installed (symbolic equivalence), else numerically/textually.
+    Answers are compared with math-verify when installed (`pip install math-verify`, or `aisrl[math]`: symbolic
+    equivalence, so `\\frac{1}{2}` matches `0.5` and `x^2+1` matches `1+x^2`), else as integers or exact text.
     """
 
     name = "jsonl"
@@ -299,21 +302,90 @@ class JsonlMath(Task):
         return pool[:n]
 
     def check(self, answer, problem):
+        if answer.strip() == problem.answer.strip():
+            return True
         try:
             from math_verify import parse, verify
-
-            return bool(verify(parse(problem.answer), parse(answer)))
         except ImportError:
             a, b = _int_or_none(answer), _int_or_none(problem.answer)
-            return a == b if a is not None else answer.strip() == problem.answer.strip()
+            return a is not None and a == b
+        # Both sides are read as LaTeX math: bare, math-verify would take `1+x^2` for its first number. Its
+        # timeouts use signal.alarm, which only the main thread may set.
+        limit = 5 if threading.current_thread() is threading.main_thread() else None
+        gold, got = (parse(f"${s.strip().strip('$')}$", parsing_timeout=limit) for s in (problem.answer, answer))
+        return bool(gold and got and verify(gold, got, timeout_seconds=limit))
 
 
-TASKS = {"arithmetic": Arithmetic, "countdown": Countdown, "sudoku4": Sudoku4, "jsonl": JsonlMath, "dataset": JsonlMath}
+class ReasoningGym(Task):
+    """One of reasoning-gym's procedural generators (Stojanovski et al. 2025; `pip install reasoning-gym`, or
+    `aisrl[gym]`), by its name (`chain_sum`, `leg_counting`, `mini_sudoku`, ...) and its own options. Problems
+    come from code, as ours do; an answer counts as correct when the generator's own `score_answer` gives it
+    full marks (some generators give partial credit, which counts as wrong here)."""
+
+    name = "reasoning_gym"
+
+    def __init__(self, generator: str, **options):
+        try:
+            import reasoning_gym
+        except ImportError as e:
+            raise ValueError("task=reasoning_gym needs the reasoning-gym package: pip install reasoning-gym") from e
+        names = sorted(reasoning_gym.factory.DATASETS)
+        if generator not in names:
+            raise ValueError(f"unknown reasoning-gym generator {generator!r} (set it with dataset=NAME); "
+                             f"choose from {names}")  # fmt: skip
+        self.generator, self.options, self._create = generator, options, reasoning_gym.create_dataset
+        self._scorer = self._dataset(seed=0, size=1)
+
+    def _dataset(self, seed: int, size: int):
+        try:
+            return self._create(self.generator, seed=seed, size=size, **self.options)
+        except (TypeError, ValueError, AssertionError) as e:  # its config dataclass rejects an option or a value
+            raise ValueError(f"reasoning-gym generator {self.generator!r} refused its options {self.options} "
+                             f"(task_options): {e}") from e
+
+    def problems(self, split, n, seed=0):
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        data, out, seen = self._dataset(seed=seed, size=200 * n + 1000), [], set()
+        for i in range(len(data)):  # entry i is generated from (seed, i): the same problems on every call
+            entry = data[i]
+            q = str(entry["question"])
+            if q in seen or _split_of(q) != split:
+                continue
+            seen.add(q)
+            out.append(Problem(q, str(entry["answer"]), "", {"entry": entry}))
+            if len(out) == n:
+                return out
+        raise ValueError(f"reasoning-gym generator {self.generator!r} could not produce {n} distinct {split} problems")
+
+    def check(self, answer, problem):
+        return self._scorer.score_answer(answer, problem.meta["entry"]) >= 1.0
+
+
+TASKS = {
+    "arithmetic": Arithmetic,
+    "countdown": Countdown,
+    "sudoku4": Sudoku4,
+    "jsonl": JsonlMath,
+    "dataset": JsonlMath,
+    "reasoning_gym": ReasoningGym,
+}
+
+
+def check_task(name: str, **kwargs) -> None:
+    """Raise the ValueError `make_task(name, **kwargs)` would for an unknown name or options the task does not take."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; choose from {sorted(TASKS)}")
+    try:
+        inspect.signature(TASKS[name]).bind(**kwargs)
+    except TypeError:
+        accepted = [p for p in inspect.signature(TASKS[name]).parameters if p not in ("self", "options")]
+        raise ValueError(f"task {name!r} got options {sorted(kwargs)}; it accepts {accepted}") from None
 
 
 def make_task(name: str, lenient: bool = False, **kwargs) -> Task:
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; choose from {sorted(TASKS)}")
+    """The task `name` of TASKS built with its options (`lenient`: see Task)."""
+    check_task(name, **kwargs)
     task = TASKS[name](**kwargs)
     task.lenient = lenient
     return task

@@ -10,6 +10,7 @@ message naming the key either way. `validate(cfg)` then checks what types cannot
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from aisrl.lab import LabConfig
 from aisrl.losses import AGGREGATIONS, LOSSES
 from aisrl.quant import quant_config
 from aisrl.rollout import SamplingParams
-from aisrl.tasks import TASKS
+from aisrl.tasks import check_task
 
 PRESET_DIR = Path(__file__).parent / "presets"
 DEFAULT_PRESET = "lab_columns"  # the main job (`make run`): what `aisrl train` and `aisrl eval` run without a preset
@@ -106,6 +107,11 @@ class CorrectionConfig:
     the end point least noisy against full precision, not the least biased), `pooled` (the one whose gradient
     difference, averaged over the window, is least), `mix` (the mixture of candidates whose averaged difference is
     least). aisrl.calibrate.RULES; pooled and mix keep len(candidates) x window gradient-sized vectors."""
+    options: dict[str, typing.Any] = field(default_factory=dict)
+    """Further options of the correction (aisrl.correction.correct), e.g. {'low': 0.8, 'high': 1.25} for icepop's
+    band, {'floor': 0.5} for a two-sided TIS clip, {'threshold': 0.01, 'level': 'seq_max'} for k3_reject,
+    {'normalize': True} or {'metrics_only': True}; one the correction does not take is an error listing those it
+    does. cap, ema, alpha and veto have their own keys."""
     veto: float = 0.0
     """Guard around any correction: drop every sequence in which a token's weight w = pi/mu falls below this (e.g.
     1e-3: a token the trainer finds a thousand times less likely than the sampler did decides the rest of its
@@ -147,7 +153,11 @@ class TrainConfig:
     task: str = "arithmetic"
     """Task name (aisrl.tasks.TASKS); the lab model's task comes from lab.task."""
     dataset: str = ""
-    """Local dataset for task=dataset (alias jsonl): a .jsonl or .parquet file, or a saved `datasets` directory."""
+    """Local dataset for task=dataset (alias jsonl): a .jsonl or .parquet file, or a saved `datasets` directory;
+    for task=reasoning_gym, the name of its generator (e.g. chain_sum)."""
+    task_options: dict[str, typing.Any] = field(default_factory=dict)
+    """Options of the task's generator, e.g. {'max_operand': 20} for arithmetic or {'min_terms': 3} for
+    reasoning-gym's chain_sum; an option the task does not take is an error that lists those it does."""
     lenient_reward: bool = False
     """Also credit a correct final number without the answer format (correctness points only)."""
     train_problems: int = 500
@@ -168,6 +178,10 @@ class TrainConfig:
     """PPO clip below 1."""
     clip_high: float = 0.2
     """PPO clip above 1."""
+    scale_advantages: bool = True
+    """Divide each group's advantages (reward minus the group's mean) by the group's reward std, as GRPO does; false
+    leaves them unscaled, as Dr. GRPO (Liu et al. 2025) does, so that groups with nearly equal rewards do not weigh
+    as much as the others."""
     loss: str = "grpo"
     """Policy loss (aisrl.losses.LOSSES): grpo (token-level clipped surrogate) or tbpo (sequence trust band)."""
     agg: str = "token-mean"
@@ -274,6 +288,9 @@ def validate(cfg: TrainConfig) -> None:
     if not 0.0 <= cfg.correction.veto < 1.0:
         raise ValueError(f"correction.veto is a weight below which a sequence is dropped, in [0, 1); "
                          f"got {cfg.correction.veto}")  # fmt: skip
+    own = sorted(set(cfg.correction.options) & {"cap", "ema", "prev_alpha", "alpha", "veto"})
+    if own:
+        raise ValueError(f"correction.options sets {own}: set them with their own keys (correction.cap=..., ...)")
     for name in cfg.correction.candidates if calibrating else [cfg.correction.name]:
         try:  # the correction checks its own options (cap, ema, alpha) on a one-token batch, before any model
             check_options(name, **correction_options(cfg, None, name))
@@ -317,7 +334,11 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.model.kind not in ("causal", "diffusion"):
         raise ValueError(f"unknown model.kind {cfg.model.kind!r}; choose from ['causal', 'diffusion']")
     if cfg.model.kind == "diffusion":
-        diffusion_params(cfg)  # raises on a bad block/step geometry
+        try:  # a bad block/step geometry, in the run's own keys
+            diffusion_params(cfg)
+        except ValueError as e:
+            keys = "gen_length is rollout.max_new_tokens, block_length diffusion.block_length, steps diffusion.steps"
+            raise ValueError(f"diffusion settings: {e} ({keys})") from e
     if cfg.group_size < 2:
         raise ValueError("group_size must be >= 2 (GRPO advantages compare completions of one prompt)")
     resolve_device(cfg.device)  # raises on a bad name or a GPU that is not there
@@ -333,13 +354,28 @@ def validate(cfg: TrainConfig) -> None:
                           ("grad_clip", cfg.grad_clip >= 0, ">= 0 (0 = off)")):  # fmt: skip
         if not ok:
             raise ValueError(f"config key {key!r} must be {what}, got {getattr(cfg, key)}")
-    if cfg.task not in TASKS:
-        raise ValueError(f"unknown task {cfg.task!r}; choose from {sorted(TASKS)}")
+    if not cfg.output_dir.strip():
+        raise ValueError("output_dir is empty; name the directory the run writes to, e.g. output_dir=runs/x")
+    blocked = [p for p in (Path(cfg.output_dir), *Path(cfg.output_dir).parents) if p.exists() and not p.is_dir()]
+    if blocked:
+        raise ValueError(f"output_dir={cfg.output_dir}: {blocked[-1]} is a file, not a directory; choose another "
+                         "output_dir")  # fmt: skip
+    if cfg.model.name == "lab" and cfg.task_options:
+        raise ValueError("task_options is set, but model.name=lab trains on its own task (lab.task): set the lab's "
+                         "problems with lab.* keys, or clear task_options")  # fmt: skip
+    check_task(cfg.task, **task_kwargs(cfg))
     if cfg.model.kind == "causal":  # the sampler's own checks, before the lab's warm start or a model load
         try:
             SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
         except ValueError as e:
             raise ValueError(f"rollout settings: {e}") from e
+
+
+def task_kwargs(cfg: TrainConfig) -> dict:
+    """The options `aisrl.tasks.make_task(cfg.task, ...)` gets: `task_options`, and `dataset` as the file task's
+    path or the reasoning-gym generator's name."""
+    named = {"jsonl": "path", "dataset": "path", "reasoning_gym": "generator"}.get(cfg.task)
+    return {**cfg.task_options, **({named: cfg.dataset} if named else {})}
 
 
 def correction_options(cfg: TrainConfig, prev_alpha, name: str | None = None):
@@ -354,4 +390,4 @@ def correction_options(cfg: TrainConfig, prev_alpha, name: str | None = None):
         opts["alpha"] = cfg.correction.alpha
     if cfg.correction.veto > 0:
         opts["veto"] = cfg.correction.veto
-    return opts
+    return {**cfg.correction.options, **opts}

@@ -47,7 +47,15 @@ from aisrl.quant import quant_config, quantize_, sync_weights
 from aisrl.rollout import SamplingParams, device_of
 from aisrl.solrl import select_extremes
 from aisrl.tracking import Tracker
-from aisrl.train_config import PRECISIONS, TrainConfig, correction_options, diffusion_params, resolve_device, validate
+from aisrl.train_config import (
+    PRECISIONS,
+    TrainConfig,
+    correction_options,
+    diffusion_params,
+    resolve_device,
+    task_kwargs,
+    validate,
+)
 from aisrl.update import MismatchGuard, _eval_mode, _update, accumulate_gradient, flat_grad
 
 
@@ -83,8 +91,7 @@ def build(cfg: TrainConfig):
 def _file_or_named_task(cfg: TrainConfig):
     from aisrl.tasks import make_task
 
-    file_task = cfg.task in ("jsonl", "dataset")
-    return make_task(cfg.task, lenient=cfg.lenient_reward, **({"path": cfg.dataset} if file_task else {}))
+    return make_task(cfg.task, lenient=cfg.lenient_reward, **task_kwargs(cfg))
 
 
 def _chat_encoder(tok):
@@ -167,7 +174,10 @@ def train(cfg: TrainConfig, log=print) -> dict:
         raise ValueError(f"prompts_per_step ({cfg.prompts_per_step}) must divide evenly over {world} processes")
     log = log if rank == 0 else (lambda _: None)
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"output_dir={out} cannot be created ({e.strerror}); choose another output_dir") from e
     record_config(out, dataclasses.asdict(cfg), write=False)  # a resumed run must be the same experiment
     if world > 1 and cfg.model.name == "lab":  # rank 0 builds the cached lab model, the others then load it
         if rank == 0:
@@ -257,7 +267,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         if K != G:  # Sol-RL: keep each prompt's extremes
             keep = select_extremes(rewards, K, G)
             r, rewards = r.select(keep), rewards[keep]
-        adv = group_advantages(rewards, G)
+        adv = group_advantages(rewards, G, scale=cfg.scale_advantages)  # (N,)
         # 3. old_logp at training precision (or bypass), then the correction
         t0 = time.perf_counter()
         if cfg.correction.bypass:
@@ -378,7 +388,8 @@ def _full_precision_gradient(cfg: TrainConfig, model, ref, policy, task, tok, ba
         old_logp = _score_at(policy, model, full, step, cfg.precision)
     rewards = torch.tensor([s[0] for s in task_rewards(task, tok, full, problems)])
     plain = correct("none", old_logp, full.rollout_logp, full.completion_mask)
-    return _gradient(cfg, model, ref, full, old_logp, group_advantages(rewards, cfg.group_size), plain, score, policy)
+    adv = group_advantages(rewards, cfg.group_size, scale=cfg.scale_advantages)  # (N,)
+    return _gradient(cfg, model, ref, full, old_logp, adv, plain, score, policy)
 
 
 def _gradient(cfg: TrainConfig, model, ref, r, old_logp, adv, res, score, policy) -> torch.Tensor:

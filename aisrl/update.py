@@ -95,10 +95,10 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
         opt.zero_grad()
         for k, v in accumulate_gradient(cfg, model, ref, r, old_logp, adv, res, score, order).items():
             acc[k] = acc.get(k, 0.0) + v / cfg.epochs
-        if cfg.grad_clip > 0:
-            params_ = [p for p in model.parameters() if p.requires_grad]
-            norm = torch.nn.utils.clip_grad_norm_(params_, cfg.grad_clip).item()
-            acc["grad_norm"] = acc.get("grad_norm", 0.0) + norm / cfg.epochs  # a mean over epochs, like the rest
+        params_ = [p for p in model.parameters() if p.requires_grad]
+        limit = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")  # 0 = off: the norm is still measured and logged
+        norm = torch.nn.utils.clip_grad_norm_(params_, limit).item()
+        acc["grad_norm"] = acc.get("grad_norm", 0.0) + norm / cfg.epochs  # a mean over epochs, like the rest
         if tok_total > 0:  # every token rejected: no step, or Adam's momentum would still move the weights
             opt.step()
     acc["update_skipped"] = float(tok_total == 0)

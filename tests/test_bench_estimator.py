@@ -199,3 +199,15 @@ def test_unknown_policy_and_bad_sizes_are_clear_errors():
         run(EstimatorBenchConfig(batches=1))
     with pytest.raises(ValueError, match="horizon >= 1"):
         run(EstimatorBenchConfig(horizons=[0]))
+    bad = {
+        "methods": (["tis", "magic"], r"unknown methods \['magic'\]; choose from \['ais'"),
+        "variants": (["c4", "c5"], r"unknown variants \['c5'\]; choose from \['adopted'"),
+        "strengths": ([], "strengths and sharpness each need at least one value"),
+        "vocab": (1, "vocab must be >= 2, got 1"),
+        "group_size": (1, "group_size must be >= 2, got 1"),
+        "length": (20, r"enumerates vocab\^length = 5\^20 sequences, more than 1048576; .* policy=markov"),
+    }
+    for key, (value, message) in bad.items():
+        with pytest.raises(ValueError, match=message):
+            run(EstimatorBenchConfig(**{key: value}))
+    run(EstimatorBenchConfig(policy="markov", length=20, batches=2, instances=1, strengths=[0.1], sharpness=[1.0]))

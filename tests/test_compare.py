@@ -148,6 +148,7 @@ def test_publish_writes_results_and_benchmarks_section(tmp_path):
         ({"formats": ["fp7"]}, "fp7"),
         ({"only": ["int4/ais"]}, "only='int4/ais' is not a group"),
         ({"seeds": []}, "nothing to compare"),
+        ({"jobs": -1}, "jobs must be >= 0"),
         ({"train": ["seed=3"]}, "seed is set per run by the study; choose it with seeds="),
         ({"train": ["output_dir=runs/x"]}, "output_dir is set per run by the study; choose it with out="),
         ({"train": ["rollout.quant=int4"]}, "rollout.quant is set per run by the study; choose it with formats="),

@@ -196,6 +196,8 @@ def test_ais_ema_uses_previous_alpha(batch):
     res = correct("ais", *batch, ema=0.75, prev_alpha=0.2)
     close(res.metrics["alpha"], 0.75 * 0.2 + 0.25 * batch_alpha.item())
     close(res.metrics["alpha_batch"], batch_alpha.item())
+    with pytest.raises(ValueError, match="prev_alpha .* only matters for the ema: pass ema > 0"):
+        correct("ais", *batch, prev_alpha=0.2)  # would silently do nothing
 
 
 def test_ais_weights_house_style(batch):
@@ -253,11 +255,14 @@ def test_every_correction_reports_the_full_metric_set(batch):
         "ratio_frac_below_half", "is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max",
         "weight_mean", "weight_std", "weight_min", "weight_max",
     }  # fmt: skip
-    ais_only = {"weight_reliability", "divergence_severity", "variance_amplification", "alpha"}
+    trio = {"weight_reliability", "divergence_severity", "variance_amplification", "alpha_batch"}
+    ais = correct("ais", *batch).metrics
     for name in CORRECTIONS:
         res = correct(name, *batch)
-        assert required <= set(res.metrics), (name, required - set(res.metrics))
-        assert (ais_only <= set(res.metrics)) == (name == "ais")
+        assert required | trio <= set(res.metrics), (name, required | trio - set(res.metrics))
+        assert ("alpha" in res.metrics) == (name == "ais")  # the applied coefficient belongs to AIS alone
+        for k in trio:  # what AIS would see and choose: the same whatever corrects the batch (at the same cap)
+            assert res.metrics[k] == ais[k], (name, k)
         for k, v in res.metrics.items():
             assert v.dim() == 0 and not v.requires_grad and torch.isfinite(v), (name, k)
 

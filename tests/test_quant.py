@@ -134,6 +134,9 @@ def test_quantize_keeps_head_by_default_and_lists_formats():
     with pytest.raises(ValueError, match=r"activations=True needs one of \['fp8_e4m3'.*'nvfp4'\], not 'int4'"):
         QuantConfig("int4", activations=True)
     assert {"fp8_e4m3_w8a8", "fp8_e5m2_w8a8", "int8_w8a8", "int4", "mxfp4", "nvfp4", "bf16"} <= set(PRESETS)
+    for bad in (0, -5):  # 0 used to mean one scale per row, silently; -5 failed only inside quantize_
+        with pytest.raises(ValueError, match=f"group_size must be >= 1 .*, got {bad}"):
+            quant_config("int4", group_size=bad)
 
 
 def test_w8a8_forward_by_hand():
@@ -209,3 +212,25 @@ def test_sync_reaches_a_quantised_head_tied_to_the_embeddings():
         model.model.embed_tokens.weight.mul_(2.0)  # the tied head changes with it
     sync_weights(model, rollout)
     torch.testing.assert_close(rollout.lm_head.weight, quantize_fp8(model.lm_head.weight.detach(), "e4m3", "channel"))
+
+
+EIGHT_BIT = sorted(n for n in PRESETS if n.startswith(("fp8_", "int8")) and not n.endswith("_kv"))
+
+
+@pytest.mark.parametrize("name", EIGHT_BIT)
+def test_eight_bit_presets_forward_by_hand(name):
+    # every 8-bit preset, by its name: format, weight scales (per channel unless _tensor / _block) and, with _w8a8,
+    # one activation scale per token, amax / qmax (448 for E4M3, 57344 for E5M2, 127 for INT8)
+    fmt = "int8" if name.startswith("int8") else name[4:8]
+    gran = "tensor" if "_tensor" in name else "block" if "_block" in name else "channel"
+    g = torch.Generator().manual_seed(3)
+    lin = nn.Linear(160, 136)  # neither a multiple of 128: partial blocks
+    x = torch.randn(5, 160, generator=g) * torch.logspace(-2, 2, 5).unsqueeze(1)
+    wq = quantize_int(lin.weight.detach(), 8) if fmt == "int8" else quantize_fp8(lin.weight.detach(), fmt, gran)
+    xq = x
+    if name.endswith("_w8a8"):
+        qmax = {"e4m3": 448.0, "e5m2": 57344.0, "int8": 127.0}[fmt]
+        s = x.abs().amax(-1, keepdim=True) / qmax  # (5, 1)
+        xq = (x / s).round().clamp(-127, 127) * s if fmt == "int8" else fake_float(x / s, fmt) * s
+        assert not torch.equal(xq, x)
+    torch.testing.assert_close(FakeQuantLinear(lin, quant_config(name))(x), xq @ wq.T + lin.bias.detach())

@@ -159,3 +159,12 @@ def test_request_seeds_differ_where_cpu_generators_look():
     assert a == request_seeds((42, 0, 1, 0), 64) and all(0 <= s < 2**32 for s in a + b + c)  # reproducible
     assert len({s for s in a + b + c}) == 192  # no step, seed or row draws like another
     assert not torch.equal(g(a[0]), g(b[0]))
+
+
+def test_a_kv_preset_samples_with_an_fp8_cache_by_default(model):
+    p = SamplingParams(max_new_tokens=12)
+    kv = quantize_(copy.deepcopy(model), quant_config("fp8_e4m3_w8a8_kv"))
+    plain = quantize_(copy.deepcopy(model), quant_config("fp8_e4m3_w8a8"))
+    default, fp8, full = (generate(kv, PROMPTS, p, seeds=[1, 2, 3], kv_cache_fp8=k) for k in (None, True, False))
+    assert torch.equal(default.rollout_logp, fp8.rollout_logp) and not torch.equal(fp8.rollout_logp, full.rollout_logp)
+    assert torch.equal(generate(plain, PROMPTS, p, seeds=[1, 2, 3]).rollout_logp, full.rollout_logp)

@@ -1,6 +1,8 @@
 """Reward functions on hand-made completions; splits; generators produce solvable problems."""
 
 import json
+import re
+import sys
 
 import pytest
 
@@ -136,3 +138,59 @@ def test_parquet_and_saved_datasets_give_the_same_problems_as_jsonl(tmp_path):
     datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "dd"))
     with pytest.raises(ValueError, match=r"several splits \['train'\]; point at one split"):
         make_task("dataset", path=str(tmp_path / "dd"))
+
+
+def test_task_options_are_checked_against_the_task():
+    assert make_task("arithmetic", max_operand=9).problems("train", 5)[0].meta["a"] <= 9
+    with pytest.raises(ValueError, match=r"task 'arithmetic' got options \['bogus'\]; it accepts \['max_operand'"):
+        make_task("arithmetic", bogus=1)
+    with pytest.raises(ValueError, match=r"task 'jsonl' got options \[\]; it accepts \['path'\]"):
+        make_task("jsonl")
+
+
+def test_reasoning_gym_generator_by_name():
+    pytest.importorskip("reasoning_gym")
+    task = make_task("reasoning_gym", generator="chain_sum", min_terms=2, max_terms=2, min_digits=1, max_digits=1)
+    train, test = task.problems("train", 30, seed=3), task.problems("test", 5, seed=3)
+    assert not {p.question for p in train} & {p.question for p in test}  # disjoint splits
+    assert [p.question for p in task.problems("train", 30, seed=3)] == [p.question for p in train]  # deterministic
+    assert [p.question for p in task.problems("train", 30, seed=4)] != [p.question for p in train]
+    for p in train + test:
+        a, op, b = re.fullmatch(r".*?(\d) ([+-]) (\d) =", p.question).groups()  # two one-digit terms, as asked
+        value = int(a) + int(b) if op == "+" else int(a) - int(b)
+        assert p.answer == str(value)
+        assert task.reward(wrap(str(value)), p) == (1.5, True)
+        assert task.reward(wrap(str(value + 1)), p) == (0.5, False)
+    with pytest.raises(ValueError, match="unknown reasoning-gym generator 'chess'.*choose from .*'chain_sum'"):
+        make_task("reasoning_gym", generator="chess")
+    with pytest.raises(ValueError, match="generator 'chain_sum' refused its options"):
+        make_task("reasoning_gym", generator="chain_sum", min_terms=5, max_terms=2)
+
+
+def test_math_answers_are_compared_symbolically(tmp_path):
+    pytest.importorskip("math_verify")
+    import threading
+
+    gold = {"Half of one?": r"\frac{1}{2}", "Expand it.": "x^2+1", "Root of two?": r"\sqrt{2}", "Count.": "1,000"}
+    path = tmp_path / "math.jsonl"
+    path.write_text("\n".join(json.dumps({"problem": q, "answer": a}) for q, a in gold.items()))
+    t = JsonlMath(str(path))
+    by_q = {p.question: p for p in t.problems("train", 10) + t.problems("test", 10)}
+    right = {"Half of one?": "0.5", "Expand it.": "1+x^2", "Root of two?": "2^{1/2}", "Count.": "1000"}
+    wrong = {"Half of one?": "0.6", "Expand it.": "x^2+2", "Root of two?": r"\sqrt{3}", "Count.": "100"}
+    for q, p in by_q.items():
+        assert t.reward(wrap(right[q]), p) == (1.5, True), q
+        assert t.reward(wrap(p.answer), p) == (1.5, True), q
+        assert t.reward(wrap(wrong[q]), p) == (0.5, False), q
+    seen = []  # math-verify's timeouts need the main thread; elsewhere it runs without them instead of failing
+    worker = threading.Thread(target=lambda: seen.append(t.check("0.5", by_q["Half of one?"])))
+    worker.start()
+    worker.join()
+    assert seen == [True]
+
+
+def test_without_math_verify_answers_compare_as_integers_or_text(monkeypatch):
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # import math_verify now raises ImportError
+    t = JsonlMath.__new__(JsonlMath)
+    assert t.check("1,000", Problem("q", "1000")) and t.check(" x^2+1", Problem("q", "x^2+1"))
+    assert not t.check("0.5", Problem("q", r"\frac{1}{2}")) and not t.check("999", Problem("q", "1000"))

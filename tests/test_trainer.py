@@ -177,6 +177,13 @@ save_checkpoint({str(tmp_path)!r}, 2, m, torch.optim.AdamW(m.parameters()), {{}}
         (["correction.name=magic"], "unknown correction 'magic'; choose from"),
         (["task=chess", "model.name=smollm2"], "unknown task 'chess'; choose from"),
         (["task=jsonl", "dataset=missing.jsonl", "model.name=smollm2"], "dataset 'missing.jsonl' not found"),
+        (["task_options=max_operand"], "config key 'task_options' expects a mapping with text keys"),
+        (["task_options={'bogus': 1}", "model.name=smollm2"], "task 'arithmetic' got options ['bogus']; it accepts"),
+        (["task_options={'max_operand': 9}"], "task_options is set, but model.name=lab trains on its own task"),
+        (["correction.name=icepop", "correction.options={'floor': 0.5}"], "it accepts ['low', 'high']"),
+        (["correction.options={'cap': 3}"], "correction.options sets ['cap']: set them with their own keys"),
+        (["output_dir="], "output_dir is empty; name the directory the run writes to"),
+        (["output_dir=pyproject.toml/run"], "output_dir=pyproject.toml/run: pyproject.toml is a file, not a directory"),
         (["rollout.quant=fp9"], "unknown quantisation preset 'fp9'"),
         (["device=tpu0"], "device 'tpu0' is not a device name"),
         (["device=cuda:7"], "device 'cuda:7' asked for, but this machine has"),
@@ -428,3 +435,69 @@ def test_a_pinned_alpha_runs_ais_as_the_chosen_point_between_none_and_tis(tmp_pa
         validate(load_config("lab", ["correction.alpha=0.5", "correction.ema=0.9"]))
     with pytest.raises(ValueError, match=r"alpha must be in \[0, 1\], got 1.5"):
         validate(load_config("lab", ["correction.alpha=1.5"]))
+
+
+def test_task_options_and_dataset_reach_the_task():
+    pytest.importorskip("reasoning_gym")
+    from aisrl.trainer import _file_or_named_task
+
+    args = ["model.name=smollm2", "task=reasoning_gym", "dataset=chain_sum", "task_options={'max_terms': 2}"]
+    task = _file_or_named_task(load_config("lab", args))
+    assert (task.generator, task.options) == ("chain_sum", {"max_terms": 2})
+    task = _file_or_named_task(load_config("lab", ["model.name=smollm2", "task_options={'max_operand': 7}"]))
+    assert task.max_operand == 7
+
+
+def test_correction_options_reach_the_correction(tmp_path, monkeypatch):
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    # icepop's band from correction.options: a band no FP8 token weight falls outside masks nothing, one that every
+    # weight off 1 falls outside masks almost all; on this model every FP8 weight lies in the default [0.5, 2]
+    base = [*TINY, "max_steps=1", "rollout.quant=fp8_e4m3_w8a8", "correction.name=icepop"]
+    bands = {"wide": "{'low': 1e-9, 'high': 1e9}", "narrow": "{'low': 0.999999, 'high': 1.000001}", "default": "{}"}
+    got = {}
+    for name, band in bands.items():
+        train(load_config("lab", [*base, f"correction.options={band}", f"output_dir={tmp_path / name}"]),
+              log=lambda _: None)  # fmt: skip
+        (got[name],) = rows(tmp_path / name)
+    assert got["wide"]["mask_frac_token"] == 0.0
+    assert got["narrow"]["mask_frac_token"] > 0.9
+    assert got["default"]["mask_frac_token"] == 0.0 and got["default"]["grad_norm"] == got["wide"]["grad_norm"] > 0
+    assert got["narrow"]["grad_norm"] != got["wide"]["grad_norm"]
+    assert json.loads((tmp_path / "narrow" / "config.json").read_text())["correction"]["options"]["low"] == 0.999999
+
+
+def test_unscaled_advantages_keep_the_reward_scale(tmp_path, monkeypatch):
+    # rewards 0 or 10: a group's std is 3.5-5.3, so GRPO's scaled advantages are about +-1 and unscaled ones +-5;
+    # at the first step the PPO ratio is 1 and the gradient is linear in the advantages
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (10.0 * (len(text) % 2), False))
+    base = [*TINY, "max_steps=1", "rollout.quant=none"]  # grad_norm is measured before any clipping
+    norms = {}
+    for scale, clip in ((True, 1.0), (False, 1.0), (True, 0.0)):
+        out = tmp_path / f"{scale}{clip}"
+        args = [*base, f"scale_advantages={scale}", f"grad_clip={clip}", f"output_dir={out}"]
+        train(load_config("lab", args), log=lambda _: None)
+        norms[scale, clip] = rows(out)[0]["grad_norm"]
+    assert norms[True, 1.0] > 0 and 3 < norms[False, 1.0] / norms[True, 1.0] < 6
+    assert norms[True, 0.0] == norms[True, 1.0]  # the norm before clipping, logged with clipping off too
+
+
+def test_bypass_trains_on_the_rollout_log_probs(tmp_path, monkeypatch):
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    base = [*TINY, "max_steps=1", "rollout.quant=fp8_e4m3_w8a8", "correction.name=tis"]
+    for bypass in (False, True):
+        train(load_config("lab", [*base, f"correction.bypass={bypass}", f"output_dir={tmp_path / str(bypass)}"]),
+              log=lambda _: None)  # fmt: skip
+    (plain,), (bypassed,) = rows(tmp_path / "False"), rows(tmp_path / "True")
+    assert plain["k3_kl"] > 0 and plain["ess"] < 1  # the FP8 copy and the trainer differ ...
+    assert bypassed["k3_kl"] == 0 and bypassed["ess"] == 1 and bypassed["weight_mean"] == 1  # ... bypass never looks
+    # PPO's ratio is then pi/mu itself: inside the clip band and under the cap that is token TIS's gradient
+    assert plain["is_weight_min"] > 0.8 and plain["is_weight_max"] < 1.2
+    assert bypassed["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5) and bypassed["grad_norm"] > 0
+
+
+def test_kl_to_a_frozen_copy_of_the_starting_model(tmp_path, monkeypatch):
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    train(load_config("lab", [*TINY, "max_steps=3", "kl_coef=0.1", f"output_dir={tmp_path}"]), log=lambda _: None)
+    first, *later = rows(tmp_path)
+    assert abs(first["kl_ref"]) < 1e-6  # the first step samples the reference itself
+    assert all(r["kl_ref"] > 1e-6 for r in later)  # then the policy leaves it, and the copy stays behind

@@ -326,14 +326,38 @@ def _seq_ess(delta: torch.Tensor) -> float:
     return ((2 * lw.logsumexp(-1) - (2 * lw).logsumexp(-1)).exp() / lw.shape[-1]).mean().item()
 
 
-def run(cfg: EstimatorBenchConfig) -> dict:
-    """Full sweep; returns a JSON-able dict with per-point results and the headline ratios."""
-    gen = torch.Generator().manual_seed(cfg.seed)
+TABULAR_LIMIT = 2**20
+"""The most sequences (V^L) the tabular policy enumerates; longer ones are the Markov policy's work."""
+
+
+def check(cfg: EstimatorBenchConfig) -> None:
+    """Raise a ValueError naming the setting, before anything runs, for settings the sweep cannot run."""
+    from aisrl.bench.variants import VARIANTS
+    from aisrl.correction import CORRECTIONS
+
     if cfg.policy not in POLICIES:
         raise ValueError(f"unknown policy {cfg.policy!r}; choose from {sorted(POLICIES)}")
     if cfg.batches < 2 or any(h < 1 for h in cfg.horizons):
         raise ValueError(f"need batches >= 2 and every horizon >= 1; got batches={cfg.batches}, "
                          f"horizons={cfg.horizons}")  # fmt: skip
+    for key, names, valid in (("methods", cfg.methods, CORRECTIONS), ("variants", cfg.variants, VARIANTS)):
+        unknown = sorted(set(names) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown {key} {unknown}; choose from {sorted(valid)}")
+    for key, low in (("vocab", 2), ("length", 1), ("groups", 1), ("group_size", 2), ("instances", 1)):
+        if getattr(cfg, key) < low:
+            raise ValueError(f"{key} must be >= {low}, got {getattr(cfg, key)}")
+    if not cfg.strengths or not cfg.sharpness:
+        raise ValueError("strengths and sharpness each need at least one value, e.g. strengths=[0.2]")
+    if cfg.policy == "tabular" and cfg.vocab**cfg.length > TABULAR_LIMIT:
+        raise ValueError(f"policy=tabular enumerates vocab^length = {cfg.vocab}^{cfg.length} sequences, more than "
+                         f"{TABULAR_LIMIT}; shorten length or use policy=markov")  # fmt: skip
+
+
+def run(cfg: EstimatorBenchConfig) -> dict:
+    """Full sweep; returns a JSON-able dict with per-point results and the headline ratios."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    check(cfg)
     pol = POLICIES[cfg.policy](cfg.vocab, cfg.length)
     t0 = time.perf_counter()
     points = []
