@@ -105,10 +105,15 @@ def same_start(a: str | Path, b: str | Path) -> bool:
     return sa is None or sb is None or sa == sb
 
 
+MAPPINGS = ("task_options", "correction.options")
+"""Config fields that hold a mapping: compared whole, so an entry added or removed is a change."""
+
+
 def _flat(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        whole = not isinstance(v, dict) or f"{prefix}{k}" in MAPPINGS
+        out.update({f"{prefix}{k}": v} if whole else _flat(v, f"{prefix}{k}."))
     return out
 
 

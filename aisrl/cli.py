@@ -23,8 +23,8 @@ def _mismatch(args) -> int:
 
     if args.preset:  # what the preset sets, given anyway (even at its default value), would be silently ignored
         keys = [k.split("=", 1)[0].strip() for k in args.overrides]
-        given = [k for k in ("model", "task") if getattr(args, k) is not None]
-        given += [k for k in ("max_new_tokens", "temperature") if k in keys]
+        given = [k for k in ("model", "task", "max_new_tokens", "temperature")
+                 if k in keys or getattr(args, k, None) is not None]  # fmt: skip
         if given:
             raise ValueError(f"with a preset, {given} come from the preset ({args.preset!r}); drop them, or diagnose "
                              "the model without preset")  # fmt: skip
@@ -194,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, OSError) as e:  # bad config or input, a path that cannot be written: one line, no traceback
+    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+            PermissionError) as e:  # fmt: skip  (bad config or input, or a path that cannot be used: one line)
         print(f"aisrl: error: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:  # runs of a study that failed: each logged its own traceback, say which

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 import types
 import typing
 
@@ -111,9 +112,16 @@ def apply_mapping(cfg, data: dict, prefix: str = ""):
     return cfg
 
 
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+"""A float YAML 1.1 reads as text (no dot before the exponent, or no sign after it): `1e-4`, `5e3`."""
+
+
 def _float_text(value, typ):
     """`value` with each string that spells a float made one where `typ` takes floats but not strings (YAML 1.1
-    reads `1e-4` as text), inside lists and tuples too."""
+    reads `1e-4` as text), inside lists and tuples too; in a mapping of free values (task_options, say), each
+    value written as such an exponent."""
+    if isinstance(value, dict) and (typing.get_origin(typ) or typ) is dict:
+        return {k: float(v) if isinstance(v, str) and _EXPONENT.fullmatch(v) else v for k, v in value.items()}
     options = typing.get_args(typ) if typing.get_origin(typ) in (typing.Union, types.UnionType) else (typ,)
     if isinstance(value, (list, tuple)):
         for opt in options:

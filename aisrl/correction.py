@@ -292,8 +292,9 @@ def correct(
     metrics = mismatch_metrics(b)
     metrics.update(_application_metrics(b, weights, keep, clipped))
     metrics.update(extra)
-    if name != "ais":  # what AIS would see and choose on this batch, logged whatever corrects it (its cap, if any)
-        metrics.update(_ais_view(b, options.get("cap", 2.0), options.get("floor", 0.0)))
+    if name != "ais":  # what AIS would see and choose on this batch, logged whatever corrects it: at token TIS's cap
+        same = {k: options[k] for k in ("cap", "floor") if name == "tis" and k in options}  # others bound other weights
+        metrics.update(_ais_view(b, same.get("cap", 2.0), same.get("floor", 0.0)))
     if metrics_only:
         weights, keep = b.mask.float(), b.mask
     metrics = {k: v.detach().float() for k, v in metrics.items()}
@@ -318,7 +319,17 @@ def _application_metrics(b: Batch, weights, keep, clipped) -> dict[str, torch.Te
 
 def check_options(name: str, **options) -> None:
     """Raise the ValueError `correct(name, ..., **options)` would (unknown name or option, a bad cap, band or
-    alpha), now: on a one-token batch, before any model is built or any rollout is sampled."""
+    alpha), now: on a one-token batch, before any model is built or any rollout is sampled; and one for a value
+    whose type is not its default's (a float option given text, say)."""
+    if name in CORRECTIONS:
+        params = inspect.signature(CORRECTIONS[name]).parameters.values()
+        defaults = {"normalize": False, "metrics_only": False, "veto": 0.0}
+        defaults.update({p.name: p.default for p in params if p.default is not p.empty})
+        for key, value in options.items():
+            want = type(defaults.get(key))
+            if want in (bool, float, str) and not (type(value) is want or (want is float and type(value) is int)):
+                raise ValueError(f"correction {name!r} option {key!r} expects {want.__name__} "
+                                 f"(default {defaults[key]!r}), got {value!r}")  # fmt: skip
     one = torch.zeros(1, 1)
     correct(name, one, one, torch.ones(1, 1, dtype=torch.bool), **options)
 

@@ -204,7 +204,8 @@ def generate(
     pos = _positions(attn)
     step_in, step_pos = ids.to(device), pos
     # transformers 5.x names the cache argument `cache` and warns on `past_key_values`, which 4.x still needs
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft wrapper takes **kwargs
+    cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
     for t in range(T):
         logits = model(
             input_ids=step_in,

@@ -15,6 +15,7 @@ decided by a hash of its text (1 in 8 is held out), so the two splits are disjoi
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -49,6 +50,9 @@ def extract_answer(completion: str) -> str | None:
     return m.group(2).strip()
 
 
+_REQUIRED = inspect.Parameter.empty
+
+
 def _split_of(text: str) -> str:
     return "test" if int(hashlib.sha256(text.encode()).hexdigest(), 16) % 8 == 0 else "train"
 
@@ -61,6 +65,12 @@ class Task:
 
     name = "task"
     lenient = False
+
+    @classmethod
+    def accepts(cls, **options) -> dict:
+        """The options the task's constructor takes, each with its default (`_REQUIRED` when it has none)."""
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+        return {p.name: p.default for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
 
     def generate(self, rng: random.Random) -> Problem:
         raise NotImplementedError
@@ -309,8 +319,10 @@ class JsonlMath(Task):
         except ImportError:
             a, b = _int_or_none(answer), _int_or_none(problem.answer)
             return a is not None and a == b
+        if re.fullmatch(r"[A-Za-z][A-Za-z ]*", problem.answer.strip()):  # a word answer: as LaTeX, `no` is n*o = `on`
+            return answer.strip().casefold() == problem.answer.strip().casefold()
         # Both sides are read as LaTeX math: bare, math-verify would take `1+x^2` for its first number. Its
-        # timeouts use signal.alarm, which only the main thread may set.
+        # timeouts use signal.alarm, which only the main thread may set; elsewhere a check runs without one.
         limit = 5 if threading.current_thread() is threading.main_thread() else None
         gold, got = (parse(f"${s.strip().strip('$')}$", parsing_timeout=limit) for s in (problem.answer, answer))
         return bool(gold and got and verify(gold, got, timeout_seconds=limit))
@@ -325,6 +337,13 @@ class ReasoningGym(Task):
     name = "reasoning_gym"
 
     def __init__(self, generator: str, **options):
+        import reasoning_gym
+
+        self.generator, self.options, self._create = generator, options, reasoning_gym.create_dataset
+        self._scorer = self._dataset(seed=0, size=1)
+
+    @classmethod
+    def accepts(cls, generator: str = "", **options) -> dict:
         try:
             import reasoning_gym
         except ImportError as e:
@@ -333,10 +352,13 @@ class ReasoningGym(Task):
         if generator not in names:
             raise ValueError(f"unknown reasoning-gym generator {generator!r} (set it with dataset=NAME); "
                              f"choose from {names}")  # fmt: skip
-        self.generator, self.options, self._create = generator, options, reasoning_gym.create_dataset
-        self._scorer = self._dataset(seed=0, size=1)
+        config = reasoning_gym.factory.DATASETS[generator][1]  # (dataset class, config dataclass)
+        fields = {f.name: f.default for f in dataclasses.fields(config) if f.name not in ("seed", "size")}
+        return {"generator": generator, **fields}
 
     def _dataset(self, seed: int, size: int):
+        # reasoning-gym draws entry i from Random(seed + i): seeds s and s + 1 would share all but one problem
+        seed = int.from_bytes(hashlib.sha256(f"aisrl-reasoning-gym:{seed}".encode()).digest()[:4], "big")
         try:
             return self._create(self.generator, seed=seed, size=size, **self.options)
         except (TypeError, ValueError, AssertionError) as e:  # its config dataclass rejects an option or a value
@@ -373,14 +395,20 @@ TASKS = {
 
 
 def check_task(name: str, **kwargs) -> None:
-    """Raise the ValueError `make_task(name, **kwargs)` would for an unknown name or options the task does not take."""
+    """Raise the ValueError `make_task(name, **kwargs)` would for an unknown name, options the task does not take,
+    a required option left out, or a value of another type than the option's default."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose from {sorted(TASKS)}")
-    try:
-        inspect.signature(TASKS[name]).bind(**kwargs)
-    except TypeError:
-        accepted = [p for p in inspect.signature(TASKS[name]).parameters if p not in ("self", "options")]
-        raise ValueError(f"task {name!r} got options {sorted(kwargs)}; it accepts {accepted}") from None
+    accepted = TASKS[name].accepts(**kwargs)  # name -> default (inspect's `empty` when required)
+    unknown, missing = sorted(set(kwargs) - set(accepted)), [k for k, d in accepted.items() if d is _REQUIRED]
+    if unknown or set(missing) - set(kwargs):
+        raise ValueError(f"task {name!r} got options {sorted(kwargs)}; it accepts {list(accepted)}")
+    for key, value in kwargs.items():
+        want = type(accepted[key])
+        ok = want not in (bool, int, float, str) or (type(value) is want or (want is float and type(value) is int))
+        if not ok:
+            raise ValueError(f"task {name!r} option {key!r} expects {want.__name__} (default {accepted[key]!r}), "
+                             f"got {value!r}")  # fmt: skip
 
 
 def make_task(name: str, lenient: bool = False, **kwargs) -> Task:

@@ -294,7 +294,7 @@ def validate(cfg: TrainConfig) -> None:
     for name in cfg.correction.candidates if calibrating else [cfg.correction.name]:
         try:  # the correction checks its own options (cap, ema, alpha) on a one-token batch, before any model
             check_options(name, **correction_options(cfg, None, name))
-        except ValueError as e:
+        except (ValueError, TypeError) as e:  # TypeError: an option's value of the wrong type, e.g. {'floor': '0.5'}
             raise ValueError(f"correction settings: {e}") from e
     if calibrating and cfg.correction.calibrate_rule == "mix":
         check_mixable(cfg.correction.candidates, lambda name: correction_options(cfg, None, name))
@@ -363,6 +363,9 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.model.name == "lab" and cfg.task_options:
         raise ValueError("task_options is set, but model.name=lab trains on its own task (lab.task): set the lab's "
                          "problems with lab.* keys, or clear task_options")  # fmt: skip
+    named = sorted(set(cfg.task_options) & {"path", "generator"})
+    if named:
+        raise ValueError(f"task_options sets {named}: name the file or generator with dataset= instead")
     check_task(cfg.task, **task_kwargs(cfg))
     if cfg.model.kind == "causal":  # the sampler's own checks, before the lab's warm start or a model load
         try:

@@ -87,6 +87,16 @@ def flat_grad(model) -> torch.Tensor:
                       for p in params])  # fmt: skip
 
 
+def _grad_norm(params: list[torch.Tensor]) -> float:
+    """The total L2 norm of the gradients, as clip_grad_norm_ measures it, without touching them."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6
+        return torch.nn.utils.get_total_norm(grads).item()
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads])).item()
+
+
 def _update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
     """mu epochs of accumulate_gradient, one optimizer step after each."""
     (tok_total,) = all_sum(res.mask.sum().double())
@@ -96,8 +106,10 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
         for k, v in accumulate_gradient(cfg, model, ref, r, old_logp, adv, res, score, order).items():
             acc[k] = acc.get(k, 0.0) + v / cfg.epochs
         params_ = [p for p in model.parameters() if p.requires_grad]
-        limit = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")  # 0 = off: the norm is still measured and logged
-        norm = torch.nn.utils.clip_grad_norm_(params_, limit).item()
+        if cfg.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params_, cfg.grad_clip).item()
+        else:  # off: measured and logged only (clipping to inf would scale a non-finite gradient's every value to NaN)
+            norm = _grad_norm(params_)
         acc["grad_norm"] = acc.get("grad_norm", 0.0) + norm / cfg.epochs  # a mean over epochs, like the rest
         if tok_total > 0:  # every token rejected: no step, or Adam's momentum would still move the weights
             opt.step()

@@ -57,3 +57,17 @@ def test_metrics_file_with_a_cut_last_line_reads_without_it(tmp_path):
     f.write_text('{"step": 1}\n{"st\n{"step": 3}\n')
     with pytest.raises(ValueError, match="metrics.jsonl line 2 is not JSON"):
         read_jsonl(f)
+
+
+def test_mapping_fields_change_as_a_whole_and_sections_key_by_key():
+    from aisrl.checkpoint import config_changes
+
+    old = {"lr": 1e-3, "task_options": {"max_operand": 20}, "correction": {"name": "icepop", "options": {"low": 0.5}}}
+    same = json.loads(json.dumps(old))
+    assert config_changes(old, same) == []
+    added = {**same, "task_options": {"max_operand": 20, "ops": "+-*"}}  # an entry added is a change
+    assert config_changes(old, added) == ["task_options: {'max_operand': 20} -> {'max_operand': 20, 'ops': '+-*'}"]
+    cleared = {**same, "correction": {"name": "icepop", "options": {}}}  # so is one removed
+    assert config_changes(old, cleared) == ["correction.options: {'low': 0.5} -> {}"]
+    older = {"lr": 1e-3, "correction": {"name": "icepop"}}  # recorded before the fields existed: not a change
+    assert config_changes(older, same) == []

@@ -1,3 +1,4 @@
+import typing
 from dataclasses import dataclass, field
 
 import pytest
@@ -103,3 +104,21 @@ def test_yaml_mappings_keep_their_types_and_are_checked_like_overrides(tmp_path)
         preset.write_text(text + "\n")
         with pytest.raises(ValueError, match=message):
             load_config(str(preset))
+
+
+def test_mapping_fields_take_dicts_with_text_keys(tmp_path):
+    yaml = pytest.importorskip("yaml")
+    from aisrl.train_config import load_config
+
+    @dataclass
+    class WithMap:
+        extra: dict[str, typing.Any] = field(default_factory=dict)
+
+    assert apply_overrides(WithMap(), ["extra={'low': 0.8, 'name': 'x'}"]).extra == {"low": 0.8, "name": "x"}
+    for item in ["extra=low", "extra=[1, 2]", "extra={1: 2}"]:
+        with pytest.raises(ValueError, match="config key 'extra' expects a mapping with text keys"):
+            apply_overrides(WithMap(), [item])
+    preset = tmp_path / "p.yaml"  # YAML 1.1 reads 1e-3 as text; in a mapping of free values it is a number again
+    preset.write_text("correction: {name: k3_reject, options: {threshold: 1e-3, level: seq_max}}\n")
+    assert yaml.safe_load(preset.read_text())["correction"]["options"]["threshold"] == "1e-3"
+    assert load_config(str(preset)).correction.options == {"threshold": 1e-3, "level": "seq_max"}

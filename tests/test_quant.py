@@ -219,8 +219,9 @@ EIGHT_BIT = sorted(n for n in PRESETS if n.startswith(("fp8_", "int8")) and not 
 
 @pytest.mark.parametrize("name", EIGHT_BIT)
 def test_eight_bit_presets_forward_by_hand(name):
-    # every 8-bit preset, by its name: format, weight scales (per channel unless _tensor / _block) and, with _w8a8,
-    # one activation scale per token, amax / qmax (448 for E4M3, 57344 for E5M2, 127 for INT8)
+    # every 8-bit preset does what its name says: format and weight scales (per channel unless _tensor / _block; the
+    # weight quantisers are checked against torch's casts above) and, with _w8a8, activations by hand, one scale per
+    # token, amax / qmax (448 for E4M3, 57344 for E5M2, 127 for INT8)
     fmt = "int8" if name.startswith("int8") else name[4:8]
     gran = "tensor" if "_tensor" in name else "block" if "_block" in name else "channel"
     g = torch.Generator().manual_seed(3)

@@ -146,6 +146,8 @@ def test_task_options_are_checked_against_the_task():
         make_task("arithmetic", bogus=1)
     with pytest.raises(ValueError, match=r"task 'jsonl' got options \[\]; it accepts \['path'\]"):
         make_task("jsonl")
+    with pytest.raises(ValueError, match=r"option 'max_operand' expects int \(default 99\), got '20'"):
+        make_task("arithmetic", max_operand="20")
 
 
 def test_reasoning_gym_generator_by_name():
@@ -165,19 +167,27 @@ def test_reasoning_gym_generator_by_name():
         make_task("reasoning_gym", generator="chess")
     with pytest.raises(ValueError, match="generator 'chain_sum' refused its options"):
         make_task("reasoning_gym", generator="chain_sum", min_terms=5, max_terms=2)
+    with pytest.raises(ValueError, match=r"options \['generator', 'terms'\]; it accepts \['generator', 'min_terms'"):
+        make_task("reasoning_gym", generator="chain_sum", terms=3)  # its options are its config's fields
+    with pytest.raises(ValueError, match="option 'max_terms' expects int .default 6., got '3'"):
+        make_task("reasoning_gym", generator="chain_sum", max_terms="3")
+    # reasoning-gym draws entry i from seed + i; the task mixes the seed, so neighbouring seeds share few problems
+    other = {p.question for p in task.problems("train", 30, seed=4)}
+    assert len(other & {p.question for p in train}) < 15
 
 
 def test_math_answers_are_compared_symbolically(tmp_path):
     pytest.importorskip("math_verify")
     import threading
 
-    gold = {"Half of one?": r"\frac{1}{2}", "Expand it.": "x^2+1", "Root of two?": r"\sqrt{2}", "Count.": "1,000"}
+    gold = {"Half of one?": r"\frac{1}{2}", "Expand it.": "x^2+1", "Root of two?": r"\sqrt{2}", "Count.": "1,000",
+            "Is it?": "no"}
     path = tmp_path / "math.jsonl"
     path.write_text("\n".join(json.dumps({"problem": q, "answer": a}) for q, a in gold.items()))
     t = JsonlMath(str(path))
     by_q = {p.question: p for p in t.problems("train", 10) + t.problems("test", 10)}
-    right = {"Half of one?": "0.5", "Expand it.": "1+x^2", "Root of two?": "2^{1/2}", "Count.": "1000"}
-    wrong = {"Half of one?": "0.6", "Expand it.": "x^2+2", "Root of two?": r"\sqrt{3}", "Count.": "100"}
+    right = {"Half of one?": "0.5", "Expand it.": "1+x^2", "Root of two?": "2^{1/2}", "Count.": "1000", "Is it?": "No"}
+    wrong = {"Half of one?": "0.6", "Expand it.": "x^2+2", "Root of two?": r"\sqrt{3}", "Count.": "100", "Is it?": "on"}
     for q, p in by_q.items():
         assert t.reward(wrap(right[q]), p) == (1.5, True), q
         assert t.reward(wrap(p.answer), p) == (1.5, True), q

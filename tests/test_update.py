@@ -23,3 +23,14 @@ def test_grad_norm_is_the_mean_over_epochs_like_the_other_metrics(monkeypatch):
     acc = up._update(cfg, model, None, opt, None, None, None, res, None, None)
     assert acc["grad_norm"] == pytest.approx(3.0) and acc["loss"] == pytest.approx(2.0)
     assert acc["update_skipped"] == 0.0
+
+
+def test_grad_norm_with_clipping_off_measures_and_leaves_the_gradients_alone():
+    from aisrl.update import _grad_norm
+
+    a, b, c = (torch.nn.Parameter(torch.zeros(n)) for n in (3, 2, 4))
+    a.grad, b.grad = torch.tensor([1.0, 2.0, 2.0]), torch.tensor([0.0, 4.0])  # c has no gradient
+    assert _grad_norm([a, b, c]) == 5.0 == torch.nn.utils.clip_grad_norm_([a, b, c], 100.0).item()
+    a.grad = torch.tensor([1.0, float("inf"), 2.0])  # one bad value: reported, and no other value is touched
+    assert _grad_norm([a, b, c]) == float("inf")
+    assert torch.equal(b.grad, torch.tensor([0.0, 4.0])) and a.grad[0] == 1.0 and a.grad[2] == 2.0
