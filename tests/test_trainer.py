@@ -27,10 +27,12 @@ def rows(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_two_step_smoke_run(tmp_path):
+def test_two_step_smoke_run(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "lab", *TINY, "max_steps=2", f"output_dir={out}"]) == 0
     r = rows(out)
+    start, final = r[0]["eval_accuracy_start"], r[-1]["eval_accuracy"]  # eval_every=2: at the start and step 2
+    assert f"held-out greedy accuracy {start:.1%} at the start, {final:.1%} at step 2" in capsys.readouterr().out
     assert [x["step"] for x in r] == [1, 2]
     for key in ("reward", "accuracy", "alpha", "k3_kl", "ess", "weight_reliability", "time_rollout", "time_sync"):
         assert key in r[-1], key
