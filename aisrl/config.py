@@ -72,6 +72,14 @@ def _check(key: str, value, typ):
     raise ValueError(f"config key {key!r} expects {getattr(typ, '__name__', typ)}, got {value!r}")
 
 
+def check_like_default(what: str, key: str, value, default) -> None:
+    """Raise a ValueError naming `what` and `key` when `value` is not of its default's type (bool, int, float or
+    str; an int passes for a float): a free option, such as a task's or a correction's, checked before it is used."""
+    want = type(default)
+    if want in (bool, int, float, str) and not (type(value) is want or (want is float and type(value) is int)):
+        raise ValueError(f"{what} option {key!r} expects {want.__name__} (default {default!r}), got {value!r}")
+
+
 def apply_overrides(cfg, overrides: list[str]):
     """Apply `a.b=value` strings to a (nested) dataclass instance in place; returns it."""
     for item in overrides:

@@ -51,6 +51,7 @@ from typing import NamedTuple
 import torch
 
 from aisrl.ais import ais_alpha, ais_diagnostics
+from aisrl.config import check_like_default
 from aisrl.diagnostics import Batch, _div, _s, mismatch_metrics, prepare, weight_stats
 from aisrl.dist import all_sum
 
@@ -326,10 +327,7 @@ def check_options(name: str, **options) -> None:
         defaults = {"normalize": False, "metrics_only": False, "veto": 0.0}
         defaults.update({p.name: p.default for p in params if p.default is not p.empty})
         for key, value in options.items():
-            want = type(defaults.get(key))
-            if want in (bool, float, str) and not (type(value) is want or (want is float and type(value) is int)):
-                raise ValueError(f"correction {name!r} option {key!r} expects {want.__name__} "
-                                 f"(default {defaults[key]!r}), got {value!r}")  # fmt: skip
+            check_like_default(f"correction {name!r}", key, value, defaults.get(key))
     one = torch.zeros(1, 1)
     correct(name, one, one, torch.ones(1, 1, dtype=torch.bool), **options)
 

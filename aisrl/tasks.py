@@ -26,6 +26,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aisrl.config import check_like_default
+
 FORMAT_RE = re.compile(r"^\s*<reasoning>(.*?)</reasoning>\s*<answer>(.*?)</answer>\s*$", re.S)
 FORMAT_POINTS, CORRECT_POINTS = 0.5, 1.0
 INSTRUCTION = "Answer in the format <reasoning>...</reasoning><answer>...</answer>."
@@ -404,11 +406,7 @@ def check_task(name: str, **kwargs) -> None:
     if unknown or set(missing) - set(kwargs):
         raise ValueError(f"task {name!r} got options {sorted(kwargs)}; it accepts {list(accepted)}")
     for key, value in kwargs.items():
-        want = type(accepted[key])
-        ok = want not in (bool, int, float, str) or (type(value) is want or (want is float and type(value) is int))
-        if not ok:
-            raise ValueError(f"task {name!r} option {key!r} expects {want.__name__} (default {accepted[key]!r}), "
-                             f"got {value!r}")  # fmt: skip
+        check_like_default(f"task {name!r}", key, value, accepted[key])
 
 
 def make_task(name: str, lenient: bool = False, **kwargs) -> Task:
