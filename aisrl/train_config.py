@@ -363,9 +363,6 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.model.name == "lab" and cfg.task_options:
         raise ValueError("task_options is set, but model.name=lab trains on its own task (lab.task): set the lab's "
                          "problems with lab.* keys, or clear task_options")  # fmt: skip
-    named = sorted(set(cfg.task_options) & {"path", "generator"})
-    if named:
-        raise ValueError(f"task_options sets {named}: name the file or generator with dataset= instead")
     check_task(cfg.task, **task_kwargs(cfg))
     if cfg.model.kind == "causal":  # the sampler's own checks, before the lab's warm start or a model load
         try:
@@ -377,6 +374,9 @@ def validate(cfg: TrainConfig) -> None:
 def task_kwargs(cfg: TrainConfig) -> dict:
     """The options `aisrl.tasks.make_task(cfg.task, ...)` gets: `task_options`, and `dataset` as the file task's
     path or the reasoning-gym generator's name."""
+    given = sorted(set(cfg.task_options) & {"path", "generator"})
+    if given:  # `dataset` would silently win over them
+        raise ValueError(f"task_options sets {given}: name the file or generator with dataset= instead")
     named = {"jsonl": "path", "dataset": "path", "reasoning_gym": "generator"}.get(cfg.task)
     return {**cfg.task_options, **({named: cfg.dataset} if named else {})}
 
