@@ -4,7 +4,8 @@ under each mismatch correction, over several seeds (docs/ais.md section 5; BENCH
     aisrl compare lab methods=[none,tis,icepop,seq_mask,ais] formats=[fp8_e4m3_w8a8,mxfp4] seeds=[0,1,2]
 
 Every run is an ordinary `aisrl train` run in its own directory, `out/<format>/<method>/seed<k>`, plus one
-reference per seed in `out/reference/seed<k>` (full-precision rollouts, no correction). Runs share the
+reference per seed in `out/reference/seed<k>` (high-precision rollouts, no correction: at the trainer's own precision
+on a CPU, BF16 GEMMs on a GPU; `reference_format`). Runs share the
 preset, every override and, per seed, the prompt order and sampling seeds (the trainer derives both from
 (seed, step)), so the only difference between two runs of a seed is the rollout precision and the
 correction. A run that finished is skipped and an interrupted one resumes from its checkpoint, so a study
@@ -76,7 +77,11 @@ class CompareConfig:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     """Training seeds (prompt order, sampling); the warm-start model is the same for all."""
     reference: bool = True
-    """Also run full-precision rollouts without correction, once per seed."""
+    """Also run high-precision rollouts without correction, once per seed (the reference every run is paired with)."""
+    reference_format: str = "auto"
+    """Rollout format of the reference: 'auto' (on a GPU BF16, as practitioners' high-precision rollouts are: the
+    static engine's own 'none', else 'bf16_w16a16', BF16 weights and GEMM inputs; on a CPU full precision, 'none'),
+    'none', or any preset of aisrl.quant.PRESETS."""
     train: list[str] = field(default_factory=list)
     """Training overrides applied to every run, e.g. [max_steps=60,lr=1e-3] (bare key=value arguments of
     the command line that are not compare keys land here too)."""
@@ -102,13 +107,15 @@ class CompareConfig:
 @dataclass(frozen=True)
 class Run:
     fmt: str
-    """Rollout format ('none' for the reference)."""
+    """Rollout format (the reference's: 'none', full precision, unless `reference_format` says otherwise)."""
     method: str
     seed: int
+    reference: bool = False
+    """The seed's reference run (its method is 'none'), in the group REFERENCE whatever its format."""
 
     @property
     def group(self) -> str:
-        return REFERENCE if self.fmt == "none" else f"{self.fmt}/{self.method}"
+        return REFERENCE if self.reference else f"{self.fmt}/{self.method}"
 
     def path(self, out: str | Path) -> Path:
         return Path(out) / self.group / f"seed{self.seed}"
@@ -121,6 +128,22 @@ class Run:
 
 SET_PER_RUN = {"seed": "seeds", "output_dir": "out", "rollout.quant": "formats", "correction.name": "methods"}
 """Training keys the study sets for each run, and the study key that chooses them."""
+
+
+def reference_format(cfg: CompareConfig) -> str:
+    """The reference runs' rollout format: `reference_format`, with 'auto' resolved by the device the study's runs
+    train on (the `device` of the preset with the study's overrides)."""
+    from aisrl.quant import quant_config
+    from aisrl.train_config import load_config, resolve_device
+
+    if cfg.reference_format != "auto":
+        if cfg.reference_format != "none":
+            quant_config(cfg.reference_format)  # raises with the list of presets
+        return cfg.reference_format
+    tc = load_config(cfg.preset, cfg.train)
+    if resolve_device(tc.device).type != "cuda" or tc.rollout.engine == "static":  # the static engine's 'none': BF16
+        return "none"
+    return "bf16_w16a16"
 
 
 def plan(cfg: CompareConfig) -> list[Run]:
@@ -144,7 +167,8 @@ def plan(cfg: CompareConfig) -> list[Run]:
         raise ValueError("nothing to compare: give at least one seed and one method (or reference=true)")
     if cfg.jobs < 0:
         raise ValueError(f"jobs must be >= 0 (runs trained at a time; 0 trains nothing and aggregates), got {cfg.jobs}")
-    runs = [Run("none", "none", s) for s in cfg.seeds] if cfg.reference else []
+    ref = reference_format(cfg) if cfg.reference else "none"
+    runs = [Run(ref, "none", s, reference=True) for s in cfg.seeds] if cfg.reference else []
     runs += [Run(f, m, s) for f in cfg.formats for m in cfg.methods for s in cfg.seeds]
     groups = {r.group for r in runs}
     for g in cfg.only:
@@ -348,7 +372,8 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
 
     groups: dict[str, dict] = {}
     for run in runs:
-        g = groups.setdefault(run.group, {"format": run.fmt, "method": run.method, "runs": {}, "missing": []})
+        g = groups.setdefault(run.group, {"format": run.fmt, "method": run.method, "reference": run.reference,
+                                          "runs": {}, "missing": []})  # fmt: skip
         rows = run_rows(run.path(cfg.out))
         if rows and rows[-1]["step"] >= max_steps:
             g["runs"][str(run.seed)] = summarize_run(rows[:max_steps], cfg.collapse_fraction, cfg.fall)

@@ -19,6 +19,17 @@ def _pm(ms, scale: float = 100.0, digits: int = 1) -> str:
     return "-" if m is None else f"{m * scale:.{digits}f}" + ("" if s is None else f" ± {s * scale:.{digits}f}")
 
 
+def _is_reference(g: dict) -> bool:
+    return g.get("reference", g["format"] == "none")  # studies aggregated before reference_format: format 'none'
+
+
+def _rollout(g: dict) -> str:
+    """The table's rollout column (and the figure's label) for a group."""
+    if not _is_reference(g):
+        return g["format"]
+    return "full precision" if g["format"] == "none" else f"{g['format']} (reference)"
+
+
 def _arrow(g: dict, key: str, digits: int = 3) -> str:
     a, b = g[f"{key}_early"][0], g[f"{key}_late"][0]
     return "-" if a is None or b is None else f"{a:.{digits}g} → {b:.{digits}g}"
@@ -28,7 +39,7 @@ def table(result: dict) -> str:
     """Markdown table: one row per group, the reference first."""
     head = ("| rollout | correction | seeds | held-out start % | final % | best % | collapses | falls "
             "| train-prompt start % "
-            "| final % | reward (last fifth) | Δ reward vs full precision (paired) "
+            "| final % | reward (last fifth) | Δ reward vs reference (paired) "
             "| alpha early → late | k3 KL early → late | ESS/N early → late | rollout share | s/step |")  # fmt: skip
     lines = [head, "|" + "---|" * 17]
     for g in result["groups"].values():
@@ -36,7 +47,7 @@ def table(result: dict) -> str:
         if not n:
             continue
         lines.append(
-            f"| {'full precision' if g['format'] == 'none' else g['format']} | {g['method']} | {n} "
+            f"| {_rollout(g)} | {g['method']} | {n} "
             f"| {_pm(g['eval_start'])} | {_pm(g['eval_final'])} | {_pm(g['eval_best'])} | {g['collapses']}/{n} "
             f"| {g.get('falls', 0)}/{n} "
             f"| {_pm(g['fit_start'])} | {_pm(g['fit_final'])} | {_pm(g['reward_last_fifth'], 1, 3)} "
@@ -52,14 +63,14 @@ def final_table(result: dict) -> str:
     """Markdown table of the final models' scores (aisrl.final_eval); empty if no run was scored."""
     head = (
         "| rollout | correction | seeds | final model's reward (full precision, train prompts) "
-        "| Δ vs full precision (paired) | its rollout copy's reward | held-out sampled accuracy % |"
+        "| Δ vs reference (paired) | its rollout copy's reward | held-out sampled accuracy % |"
     )
     lines = [head, "|" + "---|" * 7]
     for g in result["groups"].values():
         if g.get("policy_reward", (None,))[0] is None:
             continue
         scored = sum("policy_reward" in r for r in g["runs"].values())  # runs without scores are not counted
-        lines.append(f"| {'full precision' if g['format'] == 'none' else g['format']} | {g['method']} | {scored} "
+        lines.append(f"| {_rollout(g)} | {g['method']} | {scored} "
                      f"| {_pm(g['policy_reward'], 1, 3)} | {_pm(g['policy_vs_reference'], 1, 3)} "
                      f"| {_pm(g['sampler_reward'], 1, 3)} | {_pm(g['held_accuracy'])} |")  # fmt: skip
     return "\n".join(lines) if len(lines) > 2 else ""
@@ -73,18 +84,18 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     groups = result["groups"]
-    formats = sorted({g["format"] for g in groups.values() if g["format"] != "none"}) or ["none"]
+    formats = sorted({g["format"] for g in groups.values() if not _is_reference(g)}) or ["none"]
     fig, axes = plt.subplots(len(formats), 4, figsize=(18, 3.6 * len(formats)), squeeze=False)
     for row, fmt in zip(axes, formats, strict=True):
         for g in groups.values():
-            if g["format"] not in (fmt, "none") or not g["runs"]:
+            if not (_is_reference(g) or g["format"] == fmt) or not g["runs"]:
                 continue
-            label, rs = ("full precision" if g["format"] == "none" else g["method"]), list(g["runs"].values())
+            label, rs = (_rollout(g) if _is_reference(g) else g["method"]), list(g["runs"].values())
             curves = [_smooth(r["reward"], 10) for r in rs]
             steps = range(1, min(map(len, curves)) + 1)
             cols = list(zip(*[c[: len(steps)] for c in curves], strict=True))
             (line,) = row[0].plot(steps, [statistics.fmean(c) for c in cols], label=label,
-                                  ls="--" if g["format"] == "none" else "-")  # fmt: skip
+                                  ls="--" if _is_reference(g) else "-")  # fmt: skip
             row[0].fill_between(steps, [min(c) for c in cols], [max(c) for c in cols], alpha=0.15,
                                 color=line.get_color())  # fmt: skip
             ev = [r["eval_curve"] for r in rs]

@@ -5,7 +5,8 @@ precision one; their log-prob mismatch is what aisrl.correction corrects. Each l
 weight (and with a W8A8/W4A4 preset its input activations) exactly as the format does, then computes in
 FP32 and returns its input's dtype. Everything else (norms, attention, residual stream, KV cache unless
 `kv_cache`) stays in the model's own precision, so the copy emulates the quantised GEMMs, not a whole engine
-that also runs those parts in BF16; the `bf16` preset rounds weights only.
+that also runs those parts in BF16; the `bf16` preset rounds weights only, `bf16_w16a16` weights and linear inputs
+(the BF16 GEMMs of a BF16 engine, accumulating in FP32: the high-precision reference rollouts of a GPU study).
 
     rollout = copy.deepcopy(model)
     quantize_(rollout, quant_config("fp8_e4m3_w8a8"))     # or QuantConfig(format="fp8_e4m3", ...)
@@ -128,7 +129,7 @@ class QuantConfig:
     """FP8 weight scales: tensor, channel or block (128x128)."""
     activations: bool = False
     """Also fake-quantise linear inputs dynamically: per-token scales for fp8_*/int8 (W8A8), the format's own
-    block scales along the input dimension for mxfp4/nvfp4 (W4A4)."""
+    block scales along the input dimension for mxfp4/nvfp4 (W4A4), a plain rounding to BF16 for bf16."""
     group_size: int = 128
     """INT4 group size along the input dimension."""
     lm_head: bool = False
@@ -160,6 +161,7 @@ WEIGHT_FORMATS = {
 }
 
 ACT_FORMATS = {  # dynamic activation fake-quant per weight format (input rows are tokens)
+    "bf16": lambda x: x.to(torch.bfloat16).float(),
     "fp8_e4m3": lambda x: quantize_act(x, "e4m3"),
     "fp8_e5m2": lambda x: quantize_act(x, "e5m2"),
     "int8": lambda x: quantize_act(x, "int8"),
@@ -169,6 +171,7 @@ ACT_FORMATS = {  # dynamic activation fake-quant per weight format (input rows a
 
 PRESETS = {
     "bf16": QuantConfig("bf16"),
+    "bf16_w16a16": QuantConfig("bf16", activations=True),
     "fp8_e4m3": QuantConfig("fp8_e4m3"),
     "fp8_e4m3_tensor": QuantConfig("fp8_e4m3", "tensor"),
     "fp8_e4m3_block": QuantConfig("fp8_e4m3", "block"),

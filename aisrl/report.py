@@ -17,13 +17,16 @@ def _mean(xs):
 TIMES = ("time_rollout", "time_logprob", "time_calibrate", "time_correction", "time_train", "time_sync")
 """Seconds a step spends in each phase (the trainer logs them; a phase it skipped counts 0, e.g. time_calibrate
 outside calibration steps)."""
+TRAIN_PARTS = ("time_forward", "time_backward", "time_optimizer")
+"""The parts of time_train (aisrl.update): forward passes and loss, backward passes (with gradient averaging over
+ranks), gradient clipping and optimizer steps; the rest of time_train is bookkeeping between micro-batches."""
 
 
 def summarize(rows: list[dict]) -> dict:
     n = len(rows)
     fifth = max(1, n // 5)
     evals = [r for r in rows if "eval_accuracy" in r]
-    timing = {k: _mean([r.get(k, 0.0) for r in rows]) for k in TIMES}
+    timing = {k: _mean([r.get(k, 0.0) for r in rows]) for k in TIMES + TRAIN_PARTS}
     return {
         "steps": n,
         "reward_first_fifth": _mean([r["reward"] for r in rows[:fifth]]),

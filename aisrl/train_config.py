@@ -10,6 +10,7 @@ message naming the key either way. `validate(cfg)` then checks what types cannot
 
 from __future__ import annotations
 
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -360,6 +361,10 @@ def validate(cfg: TrainConfig) -> None:
     if blocked:
         raise ValueError(f"output_dir={cfg.output_dir}: {blocked[-1]} is a file, not a directory; choose another "
                          "output_dir")  # fmt: skip
+    nearest = next(p for p in (Path(cfg.output_dir).absolute(), *Path(cfg.output_dir).absolute().parents) if p.exists())
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise ValueError(f"output_dir={cfg.output_dir} cannot be created or written: {nearest} is not writable; choose "
+                         "another output_dir")  # fmt: skip
     if cfg.model.name == "lab" and cfg.task_options:
         raise ValueError("task_options is set, but model.name=lab trains on its own task (lab.task): set the lab's "
                          "problems with lab.* keys, or clear task_options")  # fmt: skip

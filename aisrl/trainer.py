@@ -173,11 +173,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
     if cfg.prompts_per_step % world:
         raise ValueError(f"prompts_per_step ({cfg.prompts_per_step}) must divide evenly over {world} processes")
     log = log if rank == 0 else (lambda _: None)
-    out = Path(cfg.output_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"output_dir={out} cannot be created ({e.strerror}); choose another output_dir") from e
+    out = Path(cfg.output_dir)  # created once everything is built: a run that fails to start leaves no directory
     record_config(out, dataclasses.asdict(cfg), write=False)  # a resumed run must be the same experiment
     if world > 1 and cfg.model.name == "lab":  # rank 0 builds the cached lab model, the others then load it
         if rank == 0:
@@ -225,6 +221,10 @@ def train(cfg: TrainConfig, log=print) -> dict:
         sync(merged_state(model))
         log(f"resumed from {ckpt} at step {start}")
     elif rank == 0:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"output_dir={out} cannot be created ({e.strerror}); choose another output_dir") from e
         record_start(out, model)  # which weights this run starts from: pairs of runs must share them
     # everything built: this run is under way (a resume with nothing left to train leaves the record as it is)
     record_config(out, dataclasses.asdict(cfg), write=rank == 0 and start < cfg.max_steps)

@@ -13,6 +13,7 @@ import contextlib
 import copy
 import math
 import statistics
+import time
 
 import torch
 
@@ -42,17 +43,29 @@ def _as_reference(ref):
     return stack
 
 
+def _clock(model) -> float:
+    """perf_counter once the model's device has finished its queued work (CUDA runs asynchronously)."""
+    p = next(model.parameters(), None)
+    if p is not None and p.is_cuda:
+        torch.cuda.synchronize(p.device)
+    return time.perf_counter()
+
+
 def accumulate_gradient(cfg, model, ref, r, old_logp, adv, res, score, order) -> dict[str, float]:
     """One pass of the loss over micro-batches of the rows in `order` (the policy's: by length for causal LMs),
-    its gradient added to each parameter's .grad and averaged over ranks; returns the loss metrics."""
+    its gradient added to each parameter's .grad and averaged over ranks; returns the loss metrics and the
+    seconds spent in forward passes (policy, reference and loss: `time_forward`) and backward passes
+    (`time_backward`, gradient averaging over ranks included)."""
     n = r.completion_ids.shape[0]
     mask = res.mask
     tok_total, seq_total = all_sum(mask.sum().double(), mask.any(1).sum().double())  # global denominators
     totals = {"tok": tok_total.clamp(min=1), "seq": seq_total.clamp(min=1)}
     acc: dict[str, float] = {}
+    seconds = {"time_forward": 0.0, "time_backward": 0.0}
     agg = "seq-mean" if cfg.loss == "tbpo" else cfg.agg
     dual_clip = cfg.dual_clip or (3.0 if cfg.loss == "tbpo" else None)
     for s in range(0, n, cfg.micro_batch):
+        t0 = _clock(model)
         sl = order[s : s + cfg.micro_batch]
         rows = r.select(sl)
         logp = score(model, rows)
@@ -68,16 +81,22 @@ def accumulate_gradient(cfg, model, ref, r, old_logp, adv, res, score, order) ->
         (mb_tok, mb_seq) = all_sum(mask[sl].sum().double(), mask[sl].any(1).sum().double())
         shares = {"tok": (mb_tok / totals["tok"]).item(), "seq": (mb_seq / totals["seq"]).item()}
         share = shares["tok" if agg == "token-mean" else "seq"]
+        t1 = _clock(model)
         (loss * share).backward()
+        t2 = _clock(model)
+        seconds["time_forward"] += t1 - t0
+        seconds["time_backward"] += t2 - t1
         for k, v in m.items():  # the loss by its share of the loss's denominator, a metric by that of its own
             unit = "seq" if k in SEQ_METRICS[cfg.loss] else "tok"
             acc[k] = acc.get(k, 0.0) + v.item() * (share if k == "loss" else shares[unit])
+    t0 = _clock(model)
     if world_size() > 1:  # data parallel: average gradients over ranks (what DDP does)
         for p in model.parameters():
             if p.grad is not None:
                 torch.distributed.all_reduce(p.grad)
                 p.grad /= world_size()
-    return acc
+    seconds["time_backward"] += _clock(model) - t0
+    return {**acc, **seconds}
 
 
 def flat_grad(model) -> torch.Tensor:
@@ -98,13 +117,15 @@ def _grad_norm(params: list[torch.Tensor]) -> float:
 
 
 def _update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
-    """mu epochs of accumulate_gradient, one optimizer step after each."""
+    """mu epochs of accumulate_gradient, one optimizer step after each. Metrics are means over epochs; the
+    seconds (time_forward, time_backward, time_optimizer: gradient clipping and the optimizer step) are totals."""
     (tok_total,) = all_sum(res.mask.sum().double())
-    acc: dict[str, float] = {}
+    acc: dict[str, float] = {"time_optimizer": 0.0}
     for _ in range(cfg.epochs):
         opt.zero_grad()
         for k, v in accumulate_gradient(cfg, model, ref, r, old_logp, adv, res, score, order).items():
-            acc[k] = acc.get(k, 0.0) + v / cfg.epochs
+            acc[k] = acc.get(k, 0.0) + (v if k.startswith("time_") else v / cfg.epochs)
+        t0 = _clock(model)
         params_ = [p for p in model.parameters() if p.requires_grad]
         if cfg.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(params_, cfg.grad_clip).item()
@@ -113,6 +134,7 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
         acc["grad_norm"] = acc.get("grad_norm", 0.0) + norm / cfg.epochs  # a mean over epochs, like the rest
         if tok_total > 0:  # every token rejected: no step, or Adam's momentum would still move the weights
             opt.step()
+        acc["time_optimizer"] += _clock(model) - t0
     acc["update_skipped"] = float(tok_total == 0)
     return acc
 

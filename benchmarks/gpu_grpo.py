@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from aisrl.bench.report import machine, update_section, write_json
+from aisrl.report import TRAIN_PARTS
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = {
@@ -78,6 +79,7 @@ def summarise(metrics_path) -> dict:
     rows = [json.loads(x) for x in Path(metrics_path).read_text().splitlines()][1:]
     mean = {k: sum(r[k] for r in rows) / len(rows) for k in TIMES}
     mean["step"] = sum(mean.values())
+    mean.update({k: sum(r.get(k, 0.0) for r in rows) / len(rows) for k in TRAIN_PARTS})  # parts of time_train
     mean["rollout_tok_s"] = sum(r["num_tokens"] for r in rows) / sum(r["time_rollout"] for r in rows)
     mean["alpha"] = sum(r["alpha"] for r in rows) / len(rows)
     mean["k3_kl"] = sum(r["k3_kl"] for r in rows) / len(rows)

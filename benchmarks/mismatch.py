@@ -15,9 +15,9 @@ from aisrl.config import apply_overrides
 from aisrl.doctor import DoctorConfig, main, table
 
 ROOT = Path(__file__).resolve().parent.parent
-FORMATS = ["bf16", "fp8_e4m3_tensor", "fp8_e4m3", "fp8_e4m3_block", "fp8_e4m3_tensor_w8a8", "fp8_e4m3_w8a8",
-           "fp8_e4m3_block_w8a8", "fp8_e4m3_w8a8_kv", "fp8_e5m2", "fp8_e5m2_w8a8", "int8_w8a8", "int4", "mxfp4",
-           "nvfp4"]  # fmt: skip
+FORMATS = ["bf16", "bf16_w16a16", "fp8_e4m3_tensor", "fp8_e4m3", "fp8_e4m3_block", "fp8_e4m3_tensor_w8a8",
+           "fp8_e4m3_w8a8", "fp8_e4m3_block_w8a8", "fp8_e4m3_w8a8_kv", "fp8_e5m2", "fp8_e5m2_w8a8", "int8_w8a8", "int4",
+           "mxfp4", "nvfp4"]  # fmt: skip
 LAB_FORMATS = FORMATS + ["mxfp4_w4a4", "nvfp4_w4a4"]  # the harsh settings of the comparison study
 
 if __name__ == "__main__":

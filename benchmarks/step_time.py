@@ -1,4 +1,5 @@
-"""Per-step time breakdown of GRPO (issue 4): rollout, weight sync, log-prob recompute, correction, train.
+"""Per-step time breakdown of GRPO (issue 4): rollout, weight sync, log-prob recompute, correction, train, and
+train split into forward passes, backward passes and optimizer steps.
 
     python benchmarks/step_time.py lab        # the lab preset, 20 steps
     python benchmarks/step_time.py smollm2    # SmolLM2-135M, 8 prompts x 8 samples, 2 steps (slow)
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 from aisrl.bench.report import machine, update_section, write_json
+from aisrl.report import TRAIN_PARTS
 from aisrl.train_config import load_config
 from aisrl.trainer import train
 
@@ -43,6 +45,8 @@ if __name__ == "__main__":
     }
     write_json(ROOT / f"benchmarks/results/step_time_{name}.json", result)
     rows = "\n".join(f"| {p[5:]} | {sec[p]:.3f} | {100 * sec[p] / step:.1f}% |" for p in PHASES)
+    rows += "".join(f"\n| &nbsp;&nbsp;train: {p[5:]} | {sec[p]:.3f} | {100 * sec[p] / step:.1f}% |"
+                    for p in TRAIN_PARTS)  # fmt: skip
     body = (
         f"Command: `python benchmarks/step_time.py {name}` (preset `{preset}` with {' '.join(overrides)}; "
         f"2 CPUs; mean over steps).\n\n| phase | seconds/step | share |\n|---|---|---|\n{rows}\n"

@@ -5,6 +5,11 @@ TINY_LAB = ["lab.hidden=32", "lab.layers=1", "lab.sft_steps=0", "prompts_per_ste
             "rollout.max_new_tokens=8", "eval_problems=8", "train_problems=64"]  # fmt: skip
 
 
+def untimed(row: dict) -> dict:
+    """A metrics row without its seconds (every time_* key), which differ between two runs of the same steps."""
+    return {k: v for k, v in row.items() if not k.startswith("time_")}
+
+
 def load_benchmark(name: str):
     """A script of benchmarks/ (not a package) imported as a module, for tests of its functions."""
     import importlib.util

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import TINY_LAB, load_benchmark
+from conftest import TINY_LAB, load_benchmark, untimed
 
 from aisrl.branch import BranchConfig, branch_configs, run_branches, summarize_branch, table
 from aisrl.checkpoint import run_start
@@ -12,7 +12,6 @@ from aisrl.train_config import load_config
 from aisrl.trainer import train
 
 TINY = [*TINY_LAB, "eval_every=2", "checkpoint_every=2", "rollout.quant=fp8_e4m3_w8a8"]
-TIMES = ("time_rollout", "time_logprob", "time_correction", "time_train", "time_sync")
 
 
 @pytest.fixture(autouse=True)
@@ -24,10 +23,6 @@ def cache(tmp_path, monkeypatch):
 
 def rows(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def untimed(r):
-    return {k: v for k, v in r.items() if k not in TIMES}
 
 
 @pytest.fixture

@@ -229,6 +229,33 @@ def test_final_scores_are_skipped_where_unsupported(tmp_path, monkeypatch, train
     assert logs == ["compare: final-model scores need full-parameter causal runs (no LoRA, no diffusion); skipped"]
 
 
+def test_the_reference_rolls_out_at_full_precision_on_a_cpu_and_in_bf16_on_a_gpu(monkeypatch, tmp_path):
+    import torch
+
+    import aisrl.train_config as tc
+    from aisrl.compare_report import _rollout
+
+    cfg = CompareConfig(methods=["tis"], formats=["int4"], seeds=[0], out=str(tmp_path), train=["device=cpu"])
+    ref = plan(cfg)[0]
+    assert (ref.group, ref.fmt, ref.path(cfg.out)) == ("reference", "none", tmp_path / "reference" / "seed0")
+    assert "rollout.quant=none" in ref.overrides(cfg) and "correction.name=none" in ref.overrides(cfg)
+    monkeypatch.setattr(tc, "resolve_device", lambda name: torch.device("cuda"))  # what 'auto' finds on a GPU
+    cfg.train = []
+    ref = plan(cfg)[0]
+    assert ref.group == "reference" and "rollout.quant=bf16_w16a16" in ref.overrides(cfg)
+    cfg.train = ["rollout.engine=static"]  # whose full precision is BF16 on a GPU already
+    assert "rollout.quant=none" in plan(cfg)[0].overrides(cfg)
+    cfg.train = []
+    cfg.reference_format = "none"  # chosen, not resolved
+    assert "rollout.quant=none" in plan(cfg)[0].overrides(cfg)
+    cfg.reference_format = "fp16"
+    with pytest.raises(ValueError, match="unknown quantisation preset 'fp16'; choose from .*'bf16_w16a16'"):
+        plan(cfg)
+    assert _rollout({"format": "bf16_w16a16", "reference": True}) == "bf16_w16a16 (reference)"
+    assert _rollout({"format": "none", "reference": True}) == _rollout({"format": "none"}) == "full precision"
+    assert _rollout({"format": "bf16_w16a16", "reference": False}) == "bf16_w16a16"  # compared as a format
+
+
 def test_recipes_become_training_overrides():
     cfg = CompareConfig(methods=["qarl", "solrl", "ais"], formats=["mxfp4_w4a4"], seeds=[1], reference=False)
     qarl, solrl, ais = plan(cfg)

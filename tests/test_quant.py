@@ -131,12 +131,31 @@ def test_quantize_keeps_head_by_default_and_lists_formats():
         QuantConfig("fp9")
     with pytest.raises(ValueError, match=r"unknown quantisation preset 'fp8'; choose from"):
         quant_config("fp8")
-    with pytest.raises(ValueError, match=r"activations=True needs one of \['fp8_e4m3'.*'nvfp4'\], not 'int4'"):
+    with pytest.raises(ValueError, match=r"activations=True needs one of \['bf16', 'fp8_e4m3'.*'nvfp4'\], not 'int4'"):
         QuantConfig("int4", activations=True)
     assert {"fp8_e4m3_w8a8", "fp8_e5m2_w8a8", "int8_w8a8", "int4", "mxfp4", "nvfp4", "bf16"} <= set(PRESETS)
     for bad in (0, -5):  # 0 used to mean one scale per row, silently; -5 failed only inside quantize_
         with pytest.raises(ValueError, match=f"group_size must be >= 1 .*, got {bad}"):
             quant_config("int4", group_size=bad)
+
+
+def test_bf16_w16a16_rounds_weights_and_inputs_to_bf16_by_hand():
+    # the high-precision reference of a GPU study: BF16 GEMM operands, FP32 accumulation. BF16 is the top 16 bits of
+    # an FP32, rounded to nearest, ties to even: add 0x7FFF plus the lowest kept bit, then clear the low 16 bits
+    def bf16(t):
+        bits = t.contiguous().view(torch.int32)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) & ~0xFFFF).view(torch.float32)
+
+    lin = nn.Linear(24, 6)
+    x = torch.randn(4, 24) * 3
+    x[0, 0] = 1 + 2**-8  # a tie: rounds to even (1.0); and 1 + 3 * 2**-8 rounds up to 1 + 2**-6
+    x[0, 1] = 1 + 3 * 2**-8
+    assert bf16(x)[0, 0] == 1.0 and bf16(x)[0, 1] == 1 + 2**-6
+    fq = FakeQuantLinear(lin, quant_config("bf16_w16a16"))
+    torch.testing.assert_close(fq(x), bf16(x) @ bf16(lin.weight.detach()).T + lin.bias.detach())
+    assert not torch.equal(fq(x), lin(x).detach())  # it does round
+    weights_only = FakeQuantLinear(lin, quant_config("bf16"))(x)
+    torch.testing.assert_close(weights_only, x @ bf16(lin.weight.detach()).T + lin.bias.detach())
 
 
 def test_w8a8_forward_by_hand():

@@ -25,12 +25,19 @@ def test_grad_norm_is_the_mean_over_epochs_like_the_other_metrics(monkeypatch):
     assert acc["update_skipped"] == 0.0
 
 
-def test_grad_norm_with_clipping_off_measures_and_leaves_the_gradients_alone():
-    from aisrl.update import _grad_norm
+def test_update_seconds_add_up_over_epochs_and_metrics_average(monkeypatch):
+    model = torch.nn.Linear(2, 1, bias=False)
+    calls = []
 
-    a, b, c = (torch.nn.Parameter(torch.zeros(n)) for n in (3, 2, 4))
-    a.grad, b.grad = torch.tensor([1.0, 2.0, 2.0]), torch.tensor([0.0, 4.0])  # c has no gradient
-    assert _grad_norm([a, b, c]) == 5.0 == torch.nn.utils.clip_grad_norm_([a, b, c], 100.0).item()
-    a.grad = torch.tensor([1.0, float("inf"), 2.0])  # one bad value: reported, and no other value is touched
-    assert _grad_norm([a, b, c]) == float("inf")
-    assert torch.equal(b.grad, torch.tensor([0.0, 4.0])) and a.grad[0] == 1.0 and a.grad[2] == 2.0
+    def one_epoch(*args):
+        calls.append(1)
+        model.weight.grad = torch.ones_like(model.weight)
+        return {"loss": 1.0, "time_forward": 0.5, "time_backward": 1.5}
+
+    monkeypatch.setattr(up, "accumulate_gradient", one_epoch)
+    cfg = SimpleNamespace(epochs=3, grad_clip=1.0)
+    res = SimpleNamespace(mask=torch.ones(1, 3, dtype=torch.bool))
+    acc = up._update(cfg, model, None, torch.optim.SGD(model.parameters(), lr=0.1), None, None, None, res, None, None)
+    assert len(calls) == 3 and acc["loss"] == pytest.approx(1.0)  # metrics: means over epochs
+    assert acc["time_forward"] == pytest.approx(1.5) and acc["time_backward"] == pytest.approx(4.5)  # seconds: sums
+    assert 0.0 < acc["time_optimizer"] < 5.0
