@@ -130,20 +130,35 @@ SET_PER_RUN = {"seed": "seeds", "output_dir": "out", "rollout.quant": "formats",
 """Training keys the study sets for each run, and the study key that chooses them."""
 
 
-def reference_format(cfg: CompareConfig) -> str:
-    """The reference runs' rollout format: `reference_format`, with 'auto' resolved by the device the study's runs
-    train on (the `device` of the preset with the study's overrides)."""
-    from aisrl.quant import quant_config
+def _static_on_gpu(cfg: CompareConfig) -> tuple[bool, bool]:
+    """(the study's runs train on a GPU, they sample with the static engine), from the preset and overrides."""
     from aisrl.train_config import load_config, resolve_device
+
+    tc = load_config(cfg.preset, cfg.train)
+    return resolve_device(tc.device).type == "cuda", tc.rollout.engine == "static"
+
+
+def reference_format(cfg: CompareConfig) -> str:
+    """The reference runs' rollout format: `reference_format`, with 'auto' resolved to the format the study's
+    reference runs were trained with if any was (so a study started on one machine aggregates on another), else by
+    the device its runs train on (the `device` of the preset with the study's overrides)."""
+    from aisrl.quant import quant_config
 
     if cfg.reference_format != "auto":
         if cfg.reference_format != "none":
             quant_config(cfg.reference_format)  # raises with the list of presets
         return cfg.reference_format
-    tc = load_config(cfg.preset, cfg.train)
-    if resolve_device(tc.device).type != "cuda" or tc.rollout.engine == "static":  # the static engine's 'none': BF16
-        return "none"
-    return "bf16_w16a16"
+    for recorded in sorted((Path(cfg.out) / REFERENCE).glob("seed*/config.json")):
+        return json.loads(recorded.read_text())["rollout"]["quant"]
+    gpu, static = _static_on_gpu(cfg)
+    return "bf16_w16a16" if gpu and not static else "none"  # the static engine's 'none' is BF16 on a GPU
+
+
+def reference_label(cfg: CompareConfig, fmt: str) -> str:
+    """How tables and figures name the reference rollouts."""
+    if fmt != "none":
+        return f"{fmt} (reference)"
+    return "BF16 (static engine)" if all(_static_on_gpu(cfg)) else "full precision"
 
 
 def plan(cfg: CompareConfig) -> list[Run]:
@@ -392,6 +407,8 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
         g["collapses"] = sum(r["collapsed"] for r in rs)
         g["falls"] = sum(r.get("fell", False) for r in rs)
         g["time_share"] = {k: _mean_std([r["time_share"].get(k) for r in rs])[0] for k in TIMES}
+    if REFERENCE in groups:
+        groups[REFERENCE]["label"] = reference_label(cfg, groups[REFERENCE]["format"])
     ref = groups.get(REFERENCE, {}).get("runs", {})
     for g in groups.values():  # paired by seed: same prompts and sampling seeds as the reference run
         seeds = [s for s in g["runs"] if s in ref]

@@ -27,7 +27,7 @@ def _rollout(g: dict) -> str:
     """The table's rollout column (and the figure's label) for a group."""
     if not _is_reference(g):
         return g["format"]
-    return "full precision" if g["format"] == "none" else f"{g['format']} (reference)"
+    return g.get("label") or ("full precision" if g["format"] == "none" else f"{g['format']} (reference)")
 
 
 def _arrow(g: dict, key: str, digits: int = 3) -> str:
@@ -107,7 +107,7 @@ def plot(result: dict, path: Path) -> None:
                 a = [statistics.fmean(r["alpha"][i - 1] for r in rs) for i in steps]
                 row[2].plot(steps, a, color=line.get_color(), label=f"{label}: alpha")
             kl = [statistics.fmean(r["k3_kl"][i - 1] or 0 for r in rs) for i in steps]
-            if g["format"] != "none":
+            if any(k > 0 for k in kl):  # not the full-precision reference's exact zeros (a log scale)
                 row[3].plot(steps, _smooth(kl, 5), color=line.get_color(), label=label)
         titles = (f"{fmt}: training reward (10-step mean; band: min-max over seeds)", "held-out greedy accuracy",
                   "AIS alpha", "k3 KL(rollout || trainer), 5-step mean")  # fmt: skip

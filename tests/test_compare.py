@@ -7,7 +7,16 @@ import pytest
 from conftest import TINY_LAB, load_benchmark
 
 from aisrl.cli import main
-from aisrl.compare import CompareConfig, Run, aggregate, mixed_starts, plan, run_study, summarize_run
+from aisrl.compare import (
+    CompareConfig,
+    Run,
+    aggregate,
+    mixed_starts,
+    plan,
+    reference_label,
+    run_study,
+    summarize_run,
+)
 from aisrl.compare_report import final_table, publish, table
 
 
@@ -19,7 +28,7 @@ def cache(tmp_path, monkeypatch):
 def test_reduced_study_runs_end_to_end_and_resumes(tmp_path, capsys):
     out = tmp_path / "study"
     args = ["compare", "lab", "methods=[none,ais]", "seeds=[0]", "formats=[fp8_e4m3_w8a8]", f"out={out}",
-            *TINY_LAB, "max_steps=2", "eval_every=2"]  # fmt: skip
+            *TINY_LAB, "max_steps=2", "eval_every=2", "device=cpu"]  # fmt: skip (on a GPU the reference is BF16)
     assert main(args) == 0
     result = json.loads((out / "compare.json").read_text())
     assert sorted(result["groups"]) == ["fp8_e4m3_w8a8/ais", "fp8_e4m3_w8a8/none", "reference"]
@@ -245,7 +254,13 @@ def test_the_reference_rolls_out_at_full_precision_on_a_cpu_and_in_bf16_on_a_gpu
     assert ref.group == "reference" and "rollout.quant=bf16_w16a16" in ref.overrides(cfg)
     cfg.train = ["rollout.engine=static"]  # whose full precision is BF16 on a GPU already
     assert "rollout.quant=none" in plan(cfg)[0].overrides(cfg)
+    assert reference_label(cfg, "none") == "BF16 (static engine)"
     cfg.train = []
+    assert reference_label(cfg, "none") == "full precision" and reference_label(cfg, "fp8") == "fp8 (reference)"
+    (tmp_path / "reference" / "seed3").mkdir(parents=True)  # a study begun on a CPU keeps its reference on a GPU
+    (tmp_path / "reference" / "seed3" / "config.json").write_text(json.dumps({"rollout": {"quant": "none"}}))
+    assert "rollout.quant=none" in plan(cfg)[0].overrides(cfg)
+    (tmp_path / "reference" / "seed3" / "config.json").unlink()
     cfg.reference_format = "none"  # chosen, not resolved
     assert "rollout.quant=none" in plan(cfg)[0].overrides(cfg)
     cfg.reference_format = "fp16"

@@ -41,3 +41,14 @@ def test_update_seconds_add_up_over_epochs_and_metrics_average(monkeypatch):
     assert len(calls) == 3 and acc["loss"] == pytest.approx(1.0)  # metrics: means over epochs
     assert acc["time_forward"] == pytest.approx(1.5) and acc["time_backward"] == pytest.approx(4.5)  # seconds: sums
     assert 0.0 < acc["time_optimizer"] < 5.0
+
+
+def test_grad_norm_with_clipping_off_measures_and_leaves_the_gradients_alone():
+    from aisrl.update import _grad_norm
+
+    a, b, c = (torch.nn.Parameter(torch.zeros(n)) for n in (3, 2, 4))
+    a.grad, b.grad = torch.tensor([1.0, 2.0, 2.0]), torch.tensor([0.0, 4.0])  # c has no gradient
+    assert _grad_norm([a, b, c]) == 5.0 == torch.nn.utils.clip_grad_norm_([a, b, c], 100.0).item()
+    a.grad = torch.tensor([1.0, float("inf"), 2.0])  # one bad value: reported, and no other value is touched
+    assert _grad_norm([a, b, c]) == float("inf")
+    assert torch.equal(b.grad, torch.tensor([0.0, 4.0])) and a.grad[0] == 1.0 and a.grad[2] == 2.0
