@@ -161,6 +161,18 @@ def _eval(args) -> int:
     return 0
 
 
+def _keys_help(cls, note: str) -> str:
+    """The epilog of a command's --help: every key of its config dataclass with its default and documentation."""
+    import textwrap
+
+    from aisrl.config import field_docs
+
+    lines = [note]
+    for key, (default, doc) in field_docs(cls).items():
+        lines += [f"  {key}={default!r}", textwrap.fill(doc, 110, initial_indent=" " * 6, subsequent_indent=" " * 6)]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="aisrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -180,14 +192,23 @@ def main(argv: list[str] | None = None) -> int:
     mis.add_argument("--out", default="runs/mismatch", help="output directory (JSON + PNG)")
     mis.add_argument("overrides", nargs="*", help="e.g. prompts=32 max_new_tokens=128 temperature=0.7")
     mis.set_defaults(func=_mismatch)
-    from aisrl.train_config import DEFAULT_PRESET
+    from aisrl.branch import BranchConfig
+    from aisrl.compare import CompareConfig
+    from aisrl.train_config import DEFAULT_PRESET, TrainConfig
 
-    for name, fn, text, default in (
-            ("train", _train, "GRPO with low-precision rollouts (resumes from output_dir)", DEFAULT_PRESET),
-            ("eval", _eval, "held-out greedy accuracy of the latest checkpoint", DEFAULT_PRESET),
-            ("compare", _compare, "study: precisions x corrections x seeds", "lab"),
-            ("branch", _branch, "continue a run from a checkpoint, per salt", "the run's config")):  # fmt: skip
-        p = sub.add_parser(name, help=text)
+    trains = ("Training keys (key=value, dotted for sections; the defaults shown are the dataclass's, which the preset "
+              "overrides):")  # fmt: skip
+    study = "Keys of the {}; any other key=value is a training key every run gets (aisrl train --help):"
+    for name, fn, text, default, keys in (
+            ("train", _train, "GRPO with low-precision rollouts (resumes from output_dir)", DEFAULT_PRESET,
+             (TrainConfig, trains)),
+            ("eval", _eval, "held-out greedy accuracy of the latest checkpoint", DEFAULT_PRESET, (TrainConfig, trains)),
+            ("compare", _compare, "study: precisions x corrections x seeds", "lab",
+             (CompareConfig, study.format("study"))),
+            ("branch", _branch, "continue a run from a checkpoint, per salt", "the run's config",
+             (BranchConfig, study.format("branches")))):  # fmt: skip
+        p = sub.add_parser(name, help=text, epilog=_keys_help(*keys),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
         p.add_argument("preset", nargs="?", help=f"preset name (aisrl/presets) or YAML file; default: {default}")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. max_steps=20 correction.name=tis")
         p.set_defaults(func=fn)

@@ -80,6 +80,30 @@ def check_like_default(what: str, key: str, value, default) -> None:
         raise ValueError(f"{what} option {key!r} expects {want.__name__} (default {default!r}), got {value!r}")
 
 
+def field_docs(cls, prefix: str = "") -> dict[str, tuple[object, str]]:
+    """{dotted key: (default, docstring)} of a config dataclass, from the string literal under each field (the
+    house style documents every field once, there); nested dataclasses are flattened to their dotted keys."""
+    import inspect
+    import textwrap
+
+    try:
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    except (OSError, TypeError):  # no source (a frozen build): keys without their documentation
+        body = []
+    docs = {}
+    for node, after in zip(body, [*body[1:], None], strict=True):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            text = after.value.value if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) else ""
+            docs[node.target.id] = " ".join(str(text).split())
+    hints, out, default = typing.get_type_hints(cls), {}, cls()
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.update(field_docs(hints[f.name], f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = (getattr(default, f.name), docs.get(f.name, ""))
+    return out
+
+
 def apply_overrides(cfg, overrides: list[str]):
     """Apply `a.b=value` strings to a (nested) dataclass instance in place; returns it."""
     for item in overrides:

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from aisrl.cli import main
 
 
@@ -58,3 +60,15 @@ def test_eval_scores_a_run_with_the_settings_it_recorded(tmp_path):
     assert cfg.seed == 3 and len(notes) == 1  # no preset named: nothing to note
     (run / "config.json").write_text(json.dumps({**dataclasses.asdict(trained), "gone": 1}))  # another version
     assert _run_config(args, notes.append).seed == 0 and "does not load" in notes[-1]
+
+
+@pytest.mark.parametrize(("command", "shown"), [
+    ("train", ["rollout.quant='fp8_e4m3_w8a8'", "correction.name='ais'", "Mismatch correction: any name in"]),
+    ("compare", ["reference_format='auto'", "seeds=[0, 1, 2]", "any other key=value is a training key"]),
+    ("branch", ["salts=[1, 2, 3]", "The checkpoint every branch starts from"]),
+])  # fmt: skip
+def test_help_lists_every_key_with_its_default_and_documentation(command, shown, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and all(s in out for s in shown), out[-2000:]

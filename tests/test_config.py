@@ -3,7 +3,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from aisrl.config import apply_mapping, apply_overrides
+from aisrl.config import apply_mapping, apply_overrides, field_docs
 
 
 @dataclass
@@ -122,3 +122,21 @@ def test_mapping_fields_take_dicts_with_text_keys(tmp_path):
     preset.write_text("correction: {name: k3_reject, options: {threshold: 1e-3, level: seq_max}}\n")
     assert yaml.safe_load(preset.read_text())["correction"]["options"]["threshold"] == "1e-3"
     assert load_config(str(preset)).correction.options == {"threshold": 1e-3, "level": "seq_max"}
+
+
+def test_field_docs_flatten_sections_and_read_the_string_under_each_field():
+    docs = field_docs(Cfg)
+    assert list(docs) == ["seed", "steps", "flag", "opt", "inner.cap", "inner.name"]
+    assert docs["inner.cap"] == (2.0, "doc") and docs["inner.name"] == ("ais", "")  # no string under it: no doc
+    assert docs["steps"] == ([0.1], "")
+
+
+def test_every_training_and_study_key_is_documented():
+    from aisrl.branch import BranchConfig
+    from aisrl.compare import CompareConfig
+    from aisrl.train_config import TrainConfig
+
+    for cls in (TrainConfig, CompareConfig, BranchConfig):
+        undocumented = [k for k, (_, doc) in field_docs(cls).items() if not doc]
+        assert not undocumented, f"{cls.__name__}: {undocumented}"
+    assert field_docs(TrainConfig)["rollout.quant"][0] == "fp8_e4m3_w8a8"
