@@ -110,12 +110,14 @@ def publish(out_path):
              f"{data['new_tokens']} new tokens (no EOS), "
              "FP32 master weights under BF16 autocast, AIS; means over steps 2.."
              f"{data['steps']} (seconds per step).", "",
-             "| rollouts | rollout | old log-probs | train | sync | step | rollout tok/s | step vs BF16 | alpha "
-             "| k3 KL |",
+             "| rollouts | rollout | old log-probs | train (forward / backward / optimizer) | sync | step "
+             "| rollout tok/s | step vs BF16 | alpha | k3 KL |",
              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for quant, r in data["runs"].items():
         name = "BF16 (static engine)" if quant == "none" else quant
-        lines.append(f"| {name} | {r['time_rollout']:.2f} | {r['time_logprob']:.2f} | {r['time_train']:.2f} | "
+        parts = " / ".join(f"{r[k]:.2f}" for k in TRAIN_PARTS) if all(k in r for k in TRAIN_PARTS) else "-"
+        lines.append(f"| {name} | {r['time_rollout']:.2f} | {r['time_logprob']:.2f} | {r['time_train']:.2f} "
+                     f"({parts}) | "
                      f"{r['time_sync']:.3f} | {r['step']:.2f} | {r['rollout_tok_s']:.0f} | "
                      f"{r['step'] / base['step']:.2f}x | {r['alpha']:.3f} | {r['k3_kl']:.2e} |")  # fmt: skip
     if data.get("note"):

@@ -3,16 +3,17 @@
     python benchmarks/paired_seeds.py runs/compare runs/compare_extra [format=mxfp4_w4a4] [methods=none,tis,ais]
         [metric=reward|greedy_accuracy|policy_reward|sampler_reward|held_accuracy|held_reward] [tag=NAME]
 
-A study grows by runs in several directories (more seeds later). This script pools them and compares each
-method's score with the full-precision run of the same seed (same prompts and sampling seeds), then compares
-methods with each other seed by seed (over the seeds both finished, with or without a reference). Runs of one
-seed that started from different weights (start.json; a warm start rebuilt on another CPU) are refused. The
-score is the last-fifth training reward (`reward`, the default), the held-out greedy accuracy the trainer
-measured at the last step (`greedy_accuracy`; the run must evaluate at its last step), or one of the final-model
-scores `aisrl compare` writes to each run's final_eval.json (aisrl.final_eval). Only finished runs count: a run
-whose metrics stop before its last step, or that has no final_eval.json when one of its scores is asked for, is
-skipped. Prints the numbers and writes benchmarks/results/paired_<format>.json (paired_<format>_<metric>.json
-for another score; paired_<tag>_<format>... with `tag=`, which keeps the results of another study apart).
+A study grows by runs in several directories (more seeds later). This script pools them and compares each method's
+score with the reference run of the same seed (same prompts and sampling seeds; full precision on a CPU; JSON key
+`vs_full_precision`), then compares methods with each other seed by seed (over the seeds both finished, with or
+without a reference). Runs of one seed that started from different weights (start.json; a warm start rebuilt on
+another CPU) are refused. The score is the last-fifth training reward (`reward`, the default), the held-out greedy
+accuracy the trainer measured at the last step (`greedy_accuracy`; the run must evaluate at its last step), or one
+of the final-model scores `aisrl compare` writes to each run's final_eval.json (aisrl.final_eval). Only finished
+runs count: a run whose metrics stop before its last step, or that has no final_eval.json when one of its scores is
+asked for, is skipped. Prints the numbers and writes benchmarks/results/paired_<format>.json
+(paired_<format>_<metric>.json for another score; paired_<tag>_<format>... with `tag=`, which keeps the results of
+another study apart).
 """
 
 import json
@@ -122,9 +123,9 @@ def main(
         result["vs_full_precision"][m] = {**summary(list(d.values())), "seeds": sorted(d)}
         s = result["vs_full_precision"][m]
         if not s["n"]:
-            print(f"{m:>8}: no finished run with a {metric} paired with a full-precision one")
+            print(f"{m:>8}: no finished run with a {metric} paired with a reference run (full precision on a CPU)")
             continue
-        print(f"{m:>8} - full precision: {s['mean']:+.3f} ({_spread(s)}; {s['n']} seeds)")
+        print(f"{m:>8} - reference: {s['mean']:+.3f} ({_spread(s)}; {s['n']} seeds)")
     for i, a in enumerate(methods):
         for b in methods[i + 1 :]:
             common = sorted(set(runs[a]) & set(runs[b]))  # method against method: no reference run needed
