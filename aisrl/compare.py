@@ -182,8 +182,10 @@ def plan(cfg: CompareConfig) -> list[Run]:
         raise ValueError("nothing to compare: give at least one seed and one method (or reference=true)")
     if cfg.jobs < 0:
         raise ValueError(f"jobs must be >= 0 (runs trained at a time; 0 trains nothing and aggregates), got {cfg.jobs}")
-    ref = reference_format(cfg) if cfg.reference else "none"
-    runs = [Run(ref, "none", s, reference=True) for s in cfg.seeds] if cfg.reference else []
+    runs = []
+    if cfg.reference:
+        ref = reference_format(cfg)  # once: it may read the recorded runs' configs
+        runs = [Run(ref, "none", s, reference=True) for s in cfg.seeds]
     runs += [Run(f, m, s) for f in cfg.formats for m in cfg.methods for s in cfg.seeds]
     groups = {r.group for r in runs}
     for g in cfg.only:
