@@ -130,11 +130,18 @@ SET_PER_RUN = {"seed": "seeds", "output_dir": "out", "rollout.quant": "formats",
 """Training keys the study sets for each run, and the study key that chooses them."""
 
 
+def _study_config(cfg: CompareConfig):
+    """The TrainConfig every run shares: the preset with the study's overrides."""
+    from aisrl.train_config import load_config
+
+    return load_config(cfg.preset, cfg.train)
+
+
 def _static_on_gpu(cfg: CompareConfig) -> tuple[bool, bool]:
     """(the study's runs train on a GPU, they sample with the static engine), from the preset and overrides."""
-    from aisrl.train_config import load_config, resolve_device
+    from aisrl.train_config import resolve_device
 
-    tc = load_config(cfg.preset, cfg.train)
+    tc = _study_config(cfg)
     return resolve_device(tc.device).type == "cuda", tc.rollout.engine == "static"
 
 
@@ -411,6 +418,10 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
         g["time_share"] = {k: _mean_std([r["time_share"].get(k) for r in rs])[0] for k in TIMES}
     if REFERENCE in groups:
         groups[REFERENCE]["label"] = reference_label(cfg, groups[REFERENCE]["format"])
+    keep = _study_config(cfg).rollout.keep  # mixed-precision rollouts: say which layers stayed in full precision
+    for g in groups.values():
+        if keep and not g["reference"]:
+            g["label"] = f"{g['format']} keeping {', '.join(keep)}"
     ref = groups.get(REFERENCE, {}).get("runs", {})
     for g in groups.values():  # paired by seed: same prompts and sampling seeds as the reference run
         seeds = [s for s in g["runs"] if s in ref]

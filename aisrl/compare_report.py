@@ -26,7 +26,7 @@ def _is_reference(g: dict) -> bool:
 def _rollout(g: dict) -> str:
     """The table's rollout column (and the figure's label) for a group."""
     if not _is_reference(g):
-        return g["format"]
+        return g.get("label") or g["format"]
     return g.get("label") or ("full precision" if g["format"] == "none" else f"{g['format']} (reference)")
 
 

@@ -13,6 +13,13 @@ With `--preset` the doctor examines exactly what that training preset would roll
 models included, causal or masked-diffusion), its task's training prompts and its sampling settings. Both
 kinds go through `aisrl.policy` (`sample` with the quantised copy, `score` with the full-precision model), so
 a diffusion model is measured with d1's log-prob estimate, as its trainer sees it.
+
+Mixed precision: `keep=[pattern,...]` leaves the linear layers it names in full precision in every format (what
+training's rollout.keep does), and `per_layer=true` ranks the quantised layers by how much of the mismatch each
+removes when kept alone, which says what to keep:
+
+    aisrl mismatch --preset lab_columns --formats nvfp4_w4a4 per_layer=true
+    aisrl mismatch --preset lab_columns --formats nvfp4_w4a4 "keep=[model.layers.0.self_attn.*]"
 """
 
 from __future__ import annotations
@@ -20,14 +27,14 @@ from __future__ import annotations
 import copy
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from aisrl.correction import correct
 from aisrl.policy import CausalPolicy
-from aisrl.quant import quant_config, quantize_, sync_weights
+from aisrl.quant import FakeQuantLinear, kept_fraction, quant_config, quant_targets, quantize_, sync_weights
 from aisrl.rollout import SamplingParams
 
 REPORTED = ["k3_kl", "kl", "ess", "chi2_token", "chi2_seq", "logprob_abs_diff_mean", "logprob_abs_diff_max",
@@ -68,6 +75,12 @@ class DoctorConfig:
     """Sampling temperature (the processed distribution is what both sides score)."""
     seed: int = 0
     """Seed of the prompts and of the samples."""
+    keep: list[str] = field(default_factory=list)
+    """Linear layers every examined format leaves in full precision: module-name patterns (aisrl.quant.QuantConfig.keep,
+    training's rollout.keep), e.g. [model.layers.0.self_attn.*]."""
+    per_layer: bool = False
+    """Also rank each format's quantised linear layers by the mismatch left when that layer alone is put back in full
+    precision (the candidates for `keep`): one scoring pass of the samples per layer."""
 
 
 def _prompt_ids(cfg: DoctorConfig, tok) -> list[list[int]]:
@@ -106,7 +119,7 @@ def _subject(cfg: DoctorConfig, model, tok):
 def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:
     """Run the doctor; returns {format: {metric: value, ..., "log_ratios": [...]}}."""
     for name in cfg.formats:
-        quant_config(name)  # fail fast on an unknown preset, before loading anything
+        quant_config(name, keep=tuple(cfg.keep))  # fail fast on an unknown preset or bad keep, before loading anything
     if cfg.preset:  # these come from the preset; a value given for them would be silently ignored
         keys, default = ("model", "task", "max_new_tokens", "temperature"), DoctorConfig()
         given = [k for k in keys if getattr(cfg, k) != getattr(default, k)]
@@ -118,7 +131,7 @@ def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:
     seeds = [cfg.seed * 100_003 + i for i in range(len(prompts))]
     out = {}
     for name in cfg.formats:
-        qcfg = quant_config(name)
+        qcfg = quant_config(name, keep=tuple(cfg.keep))
         rollout = quantize_(copy.deepcopy(model), qcfg)
         sync_s = sync_weights(model, rollout)
         t0 = time.perf_counter()
@@ -129,14 +142,55 @@ def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:
         m = correct("none", old, r.rollout_logp, r.completion_mask).metrics
         out[name] = {k: m[k].item() for k in REPORTED}
         out[name].update(tokens=int(r.completion_mask.sum()), sync_seconds=sync_s, generate_seconds=gen_s,
+                         kept_weights=kept_fraction(model, qcfg),
                          log_ratios=(old - r.rollout_logp)[r.completion_mask].tolist())  # fmt: skip
+        if cfg.per_layer:
+            out[name]["per_layer"] = layer_sensitivity(policy, model, rollout, r, old)
         del rollout
     return out
+
+
+@torch.no_grad()
+def layer_sensitivity(policy, model, rollout, r, old: torch.Tensor) -> list[dict]:
+    """Which layers to keep in full precision: for each quantised linear of `rollout`, the mean token |log pi -
+    log mu'| of the copy mu' with that layer alone swapped back for the trainer's own, scored on the completions
+    `r` the whole copy sampled (scoring only, so every candidate is judged on the same tokens), with the share of
+    the all-quantised mismatch it removes and its share of the quantisable weights. Rows are sorted by the
+    mismatch left, smallest (the layer most worth keeping) first. `old`: (B, T) the trainer's log-probs of `r`."""
+    mask = r.completion_mask  # (B, T)
+
+    def mismatch() -> torch.Tensor:
+        return (old - policy.score(rollout, r, 0)).abs()[mask].mean()
+
+    base = mismatch()  # scored like the candidates (the sampler's own log-probs may differ by its KV cache)
+    layers = [(n, m) for n, m in rollout.named_modules() if isinstance(m, FakeQuantLinear)]
+    every = sum(m.weight.numel() for _, m in quant_targets(model, replace(rollout.quant_config, keep=())))
+    rows = []
+    for name, mod in layers:
+        parent, _, child = name.rpartition(".")
+        owner = rollout.get_submodule(parent) if parent else rollout
+        setattr(owner, child, model.get_submodule(name))  # the trainer's full-precision layer, for one scoring
+        try:
+            left = mismatch()
+        finally:
+            setattr(owner, child, mod)
+        rows.append({"layer": name, "logprob_abs_diff_mean": left.item(), "removed": (1 - left / base).item(),
+                     "weights": mod.weight.numel() / every})  # fmt: skip
+    return sorted(rows, key=lambda row: row["logprob_abs_diff_mean"])
+
+
+def sensitivity_table(rows: list[dict], top: int = 12) -> str:
+    """Markdown table of the `top` layers of layer_sensitivity, most worth keeping first."""
+    head = "| keep this layer alone | mean abs log-ratio left | mismatch removed | share of weights |\n"
+    head += "|---|---|---|---|\n"
+    return head + "\n".join(f"| {x['layer']} | {x['logprob_abs_diff_mean']:.4g} | {x['removed']:.1%} | "
+                             f"{x['weights']:.1%} |" for x in rows[:top]) + "\n"  # fmt: skip
 
 
 def table(result: dict) -> str:
     cols = ["k3_kl", "ess", "chi2_token", "logprob_abs_diff_mean", "ratio_frac_above_2", "ratio_frac_below_half",
             "token_prob_mult_error", "sync_seconds"]  # fmt: skip
+    cols += ["kept_weights"] if any(r.get("kept_weights") for r in result.values()) else []
     head = "| format | tokens | " + " | ".join(cols) + " |\n|" + "---|" * (len(cols) + 2) + "\n"
     rows = [f"| {f} | {r['tokens']} | " + " | ".join(f"{r[c]:.4g}" for c in cols) + " |" for f, r in result.items()]
     return head + "\n".join(rows) + "\n"
@@ -168,6 +222,10 @@ def main(cfg: DoctorConfig, out_dir: str | Path) -> dict:
     out_dir = Path(out_dir)
     result = diagnose(cfg)
     print(table(result))
+    for name, r in result.items():
+        if "per_layer" in r:
+            print(f"{name}: the layers whose full precision removes most of the mismatch")
+            print(sensitivity_table(r["per_layer"]))
     write_json(out_dir / "mismatch.json", {"config": cfg.__dict__, "machine": machine(), "formats": result})
     try:
         histogram(result, out_dir / "logratio_hist.png")

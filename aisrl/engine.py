@@ -8,6 +8,7 @@ of the common architectures with
   - FP8 E4M3 W8A8 linears as one `torch._scaled_mm` each, with the numerics of aisrl.quant's fake-quant
     `fp8_e4m3_w8a8` (aisrl.engine_ops.Linear);
   - fused QKV and gate/up projections (one GEMM each, scales stay per output row);
+  - the layers `QuantConfig.keep` names as full-precision GEMMs (a fused QKV or gate/up kept whole or not at all);
   - a static (B, H_kv, S, D) KV cache per layer. Optionally it is FP8 E4M3, with per-request, per-head scales
     calibrated on each prompt at prefill, so they follow the weights after every sync. It is read by
     aisrl.kernels.decode_attention without a BF16 copy;
@@ -35,7 +36,7 @@ import torch
 from aisrl.engine_ops import E4M3_MAX, STAGES, CompiledStage, Linear, prefill_attention
 from aisrl.kernels import decode_attention, kernel_supports, triton_available
 from aisrl.lora import merged_state
-from aisrl.quant import PRESETS, QuantConfig, quant_config
+from aisrl.quant import PRESETS, QuantConfig, check_keep, is_kept, quant_config
 from aisrl.rollout import Rollout, SamplingParams, _positions, device_of, left_pad
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3")
@@ -114,6 +115,18 @@ def _check_fp8_device(device: torch.device, dims: dict) -> None:
                          f"{torch.cuda.get_device_name(device)}: {e}") from e  # fmt: skip
 
 
+def _fp8_of(qc: QuantConfig | None, parent: str, parts: tuple[str, ...]) -> str | None:
+    """The FP8 weight scales of the engine linear that fuses `parent` + each of `parts` (q/k/v, gate/up), or None
+    when it runs in full precision: no quantisation, or qc.keep keeps every part (a fused GEMM has one format)."""
+    if qc is None:
+        return None
+    names = [f"{parent}{p}" for p in parts]
+    kept = [is_kept(n, qc) for n in names]
+    if any(kept) and not all(kept):
+        raise ValueError(f"the engine fuses {names} into one FP8 GEMM: keep all of them or none ({qc.keep})")
+    return None if all(kept) else qc.granularity
+
+
 class Engine:
     """See the module docstring. `quant`: None / "none" (full precision in the engine's dtype: BF16 on CUDA, as
     GPU rollout engines run, FP32 on the CPU), or an FP8 E4M3 W8A8 preset of aisrl.quant (tensor or channel
@@ -144,24 +157,29 @@ class Engine:
             dims = {"hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
                     "heads * head_dim": self.H * self.D, "kv_heads * head_dim": self.Hk * self.D}  # fmt: skip
             _check_fp8_device(self.device, dims | ({"vocab_size": V} if qc.lm_head else {}))
-        fp8, head_fp8 = (qc.granularity if qc else None), (qc.granularity if qc and qc.lm_head else None)
+        head_fp8 = qc.granularity if qc and qc.lm_head else None
+        if qc is not None:
+            check_keep(qc, [n.removesuffix(".weight") for n in state if n.endswith("_proj.weight")], "linear layers")
         self.prefix, self.layers = prefix, []
         for i in range(cfg.num_hidden_layers):
             p = f"{prefix}layers.{i}."
-            a = p + "self_attn."
+            a, m = p + "self_attn.", p + "mlp."
             qkv = [state[a + f"{n}_proj.weight"] for n in "qkv"]
             layer = {
                 "qkv": Linear(
                     sum(w.shape[0] for w in qkv),
                     cfg.hidden_size,
                     a + "q_proj.bias" in state,
-                    fp8,
+                    _fp8_of(qc, a, ("q_proj", "k_proj", "v_proj")),
                     self.dtype,
                     self.device,
                 ),  # fmt: skip
-                "o": Linear(cfg.hidden_size, self.H * self.D, a + "o_proj.bias" in state, fp8, self.dtype, self.device),
-                "gate_up": Linear(2 * cfg.intermediate_size, cfg.hidden_size, False, fp8, self.dtype, self.device),
-                "down": Linear(cfg.hidden_size, cfg.intermediate_size, False, fp8, self.dtype, self.device),
+                "o": Linear(cfg.hidden_size, self.H * self.D, a + "o_proj.bias" in state, _fp8_of(qc, a, ("o_proj",)),
+                            self.dtype, self.device),  # fmt: skip
+                "gate_up": Linear(2 * cfg.intermediate_size, cfg.hidden_size, False,
+                                  _fp8_of(qc, m, ("gate_proj", "up_proj")), self.dtype, self.device),  # fmt: skip
+                "down": Linear(cfg.hidden_size, cfg.intermediate_size, False, _fp8_of(qc, m, ("down_proj",)),
+                               self.dtype, self.device),  # fmt: skip
                 "qk_norm": a + "q_norm.weight" in state,
             }
             self.layers.append(layer)
@@ -222,12 +240,13 @@ class Engine:
         [0, S); decode (S = 1) writes slot st.slot and attends to [st.start, st.end). Returns normed (B*S, hidden)."""
         B, S, _ = x.shape
         f = self._fused if valid is None else STAGES  # compiled stages for the decode step only (fixed shapes)
-        H, Hk, D, eps, fp8 = self.H, self.Hk, self.D, self.eps, self.quant is not None
+        H, Hk, D, eps = self.H, self.Hk, self.D, self.eps
         cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # (B, S, 1, D)
         delta = None
         for i, layer in enumerate(self.layers):
             n = f"{self.prefix}layers.{i}."
-            x, h = f["add_norm"](x, delta, self.small[n + "input_layernorm.weight"], eps, fp8)
+            fp8 = {k: layer[k].fp8 is not None for k in ("qkv", "o", "gate_up", "down")}  # which inputs to quantise
+            x, h = f["add_norm"](x, delta, self.small[n + "input_layernorm.weight"], eps, fp8["qkv"])
             qn = self.small.get(n + "self_attn.q_norm.weight")
             kn = self.small.get(n + "self_attn.k_norm.weight")
             qkv = layer["qkv"](h)  # (B*S, (H + 2 Hk) D)
@@ -249,9 +268,9 @@ class Engine:
                     kd = kq.to(self.dtype) * st.ks[i][:, :, None, None].to(self.dtype)
                     vd = vq.to(self.dtype) * st.vs[i][:, :, None, None].to(self.dtype)
                 a = prefill_attention(q, kd, vd, valid, self.sm_scale)
-            delta = layer["o"](f["quant"](a.reshape(B * S, H * D), fp8)).view(B, S, -1)
-            x, h = f["add_norm"](x, delta, self.small[n + "post_attention_layernorm.weight"], eps, fp8)
-            delta = layer["down"](f["silu_mul"](layer["gate_up"](h), fp8)).view(B, S, -1)
+            delta = layer["o"](f["quant"](a.reshape(B * S, H * D), fp8["o"])).view(B, S, -1)
+            x, h = f["add_norm"](x, delta, self.small[n + "post_attention_layernorm.weight"], eps, fp8["gate_up"])
+            delta = layer["down"](f["silu_mul"](layer["gate_up"](h), fp8["down"])).view(B, S, -1)
         return f["add_norm"](x, delta, self.small["norm"], eps, False)[1]
 
     def _emit(self, st: _State, h_last, params: SamplingParams, f=STAGES):

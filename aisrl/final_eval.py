@@ -79,6 +79,7 @@ ADDED_LATER = (
     ("", "task_options", {}),
     ("correction", "options", {}),
     ("", "scale_advantages", True),
+    ("rollout", "keep", []),
 )
 """Config fields added after scores were first cached: (section, key, default). They enter the config hash only when
 set away from their default, so adding a field does not make every cached score stale."""

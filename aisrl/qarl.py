@@ -30,7 +30,7 @@ import contextlib
 import torch
 from torch import nn
 
-from aisrl.quant import ACT_FORMATS, WEIGHT_FORMATS, QuantConfig, _is_head
+from aisrl.quant import ACT_FORMATS, WEIGHT_FORMATS, QuantConfig, quant_targets
 
 
 def _ste(v: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -60,19 +60,12 @@ class AlignedLinear(nn.Linear):
 
 def align_(model: nn.Module, cfg: QuantConfig) -> nn.Module:
     """Make `model`'s linear layers compute in the rollout format `cfg` with straight-through gradients
-    (the layers `quantize_` would quantise: all but the output head unless cfg.lm_head). In place."""
-    n = 0
-    for name, mod in model.named_modules():
-        if (
-            isinstance(mod, nn.Linear)
-            and not isinstance(mod, AlignedLinear)
-            and (cfg.lm_head or not _is_head(name, model))
-        ):
+    (the layers `quantize_` would quantise: all but the output head unless cfg.lm_head, and those cfg.keep
+    leaves in full precision). In place."""
+    for _, mod in quant_targets(model, cfg):
+        if not isinstance(mod, AlignedLinear):
             mod.__class__ = AlignedLinear
             mod.qcfg = cfg
-            n += 1
-    if n == 0:
-        raise ValueError("align_ found no nn.Linear layers to align in this model")
     return model
 
 

@@ -22,10 +22,15 @@ torch's own float8 casts bit for bit. Scales:
   the input dimension (amax / 7).
 - MXFP4 (OCP MX v1.0): blocks of 32, shared power-of-two (E8M0) scale 2^(floor(log2 amax) - 2).
 - NVFP4: blocks of 16 with an FP8 E4M3 scale (amax / 6), under a per-tensor FP32 scale amax / (448 * 6).
+
+Mixed precision: `QuantConfig(keep=("model.layers.0.self_attn.*", ...))` leaves the linear layers whose module names
+match those shell patterns in full precision, as rollout engines' lists of ignored layers do. A few layers can
+carry most of a 4-bit format's mismatch; `aisrl mismatch ... per_layer=true` (aisrl.doctor) finds them.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import time
 from dataclasses import dataclass, replace
 
@@ -138,6 +143,10 @@ class QuantConfig:
     """Store keys/values in FP8 E4M3, with per-request, per-head scales calibrated on each rollout's prefill. The
     cache is the sampler's (quantize_ swaps the linears only): rollout.generate and aisrl.engine.Engine read this
     flag from the model's config."""
+    keep: tuple[str, ...] = ()
+    """Linear layers left in full precision, as shell-style patterns of module names (`fnmatch`, e.g.
+    'model.layers.0.self_attn.*'): the mixed-precision recipe of a rollout engine's ignored layers. Each pattern
+    must match a layer that would otherwise be quantised; `aisrl mismatch --per-layer` says which layers to keep."""
 
     def __post_init__(self):
         if self.format not in WEIGHT_FORMATS:
@@ -148,6 +157,9 @@ class QuantConfig:
             raise ValueError(f"group_size must be >= 1 (INT4 values per scale), got {self.group_size}")
         if self.granularity not in ("tensor", "channel", "block"):
             raise ValueError(f"unknown granularity {self.granularity!r}; choose from ['block', 'channel', 'tensor']")
+        if isinstance(self.keep, str) or not all(isinstance(k, str) and k for k in self.keep):
+            raise ValueError(f"keep must be a list of non-empty module-name patterns, got {self.keep!r}")
+        object.__setattr__(self, "keep", tuple(self.keep))  # a YAML or CLI list arrives as a list
 
 
 WEIGHT_FORMATS = {
@@ -232,17 +244,47 @@ def _is_head(name: str, model: nn.Module) -> bool:
     return name.split(".")[-1] in ("lm_head", "output") or (head is not None and model.get_submodule(name) is head)
 
 
+def quant_targets(model: nn.Module, cfg: QuantConfig) -> list[tuple[str, nn.Linear]]:
+    """The (name, layer) pairs of `model` that `cfg` puts in the rollout format: every nn.Linear but the output head
+    (unless cfg.lm_head) and those cfg.keep names. Raises when a keep pattern matches none of the candidates (a
+    typo would otherwise quantise everything) or when nothing is left to quantise."""
+    candidates = [
+        (n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and (cfg.lm_head or not _is_head(n, model))
+    ]
+    check_keep(cfg, [n for n, _ in candidates], "quantisable layers")
+    targets = [(n, m) for n, m in candidates if not is_kept(n, cfg)]
+    if not targets:
+        why = " (keep names them all)" if candidates else ""
+        raise ValueError(f"no nn.Linear layers to quantise in this model{why}")
+    return targets
+
+
+def check_keep(cfg: QuantConfig, names: list[str], what: str) -> None:
+    """Raise if a cfg.keep pattern matches none of `names` (the model's `what`): a typo would keep nothing."""
+    for pattern in cfg.keep:
+        if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+            shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+            raise ValueError(f"keep pattern {pattern!r} matches none of this model's {what} ({shown})")
+
+
+def is_kept(name: str, cfg: QuantConfig) -> bool:
+    """Whether the linear layer `name` stays in full precision under `cfg.keep`."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in cfg.keep)
+
+
+def kept_fraction(model: nn.Module, cfg: QuantConfig) -> float:
+    """The fraction of the quantisable layers' weights (hence of their GEMM FLOPs per token) that cfg.keep leaves
+    in full precision."""
+    every = quant_targets(model, replace(cfg, keep=()))
+    total = sum(m.weight.numel() for _, m in every)
+    return sum(m.weight.numel() for n, m in every if is_kept(n, cfg)) / total
+
+
 @torch.no_grad()
 def quantize_(model: nn.Module, cfg: QuantConfig) -> nn.Module:
-    """Swap every nn.Linear of `model` (in place) for a FakeQuantLinear; returns the model."""
-    targets = [
-        (name, mod)
-        for name, mod in model.named_modules()
-        if isinstance(mod, nn.Linear) and (cfg.lm_head or not _is_head(name, model))
-    ]
-    if not targets:
-        raise ValueError("quantize_ found no nn.Linear layers to quantise in this model")
-    for name, mod in targets:
+    """Swap every nn.Linear of `model` (in place) for a FakeQuantLinear, but the output head (unless cfg.lm_head)
+    and the layers cfg.keep names; returns the model."""
+    for name, mod in quant_targets(model, cfg):
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, FakeQuantLinear(mod, cfg))
     model.quant_config = cfg

@@ -56,6 +56,10 @@ class DiffusionSettings:
 class RolloutConfig:
     quant: str = "fp8_e4m3_w8a8"
     """Rollout precision: a preset of aisrl.quant.PRESETS, or 'none' for full-precision rollouts."""
+    keep: list[str] = field(default_factory=list)
+    """Mixed-precision rollouts: linear layers the rollout copy leaves in full precision, as shell patterns of module
+    names (e.g. [model.layers.0.self_attn.*]; aisrl.quant.QuantConfig.keep). `aisrl mismatch --preset P per_layer=true`
+    ranks the candidates. Full-precision rollouts (rollout.quant=none) keep every layer already."""
     temperature: float = 1.0
     """Sampling temperature."""
     top_p: float = 1.0
@@ -267,6 +271,11 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+def rollout_format(cfg: TrainConfig):
+    """The rollout copy's aisrl.quant.QuantConfig (rollout.quant with rollout.keep), None for full precision."""
+    return None if cfg.rollout.quant == "none" else quant_config(cfg.rollout.quant, keep=tuple(cfg.rollout.keep))
+
+
 def validate(cfg: TrainConfig) -> None:
     """Raise ValueError, naming the key and the valid choices, on settings that cannot train; before any model
     is built."""
@@ -319,8 +328,10 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(
             f"rollout.pool (Sol-RL) must exceed group_size={cfg.group_size} or be 0, got {cfg.rollout.pool}"
         )
-    if cfg.rollout.quant != "none":
-        quant_config(cfg.rollout.quant)  # raises with the list of presets
+    try:
+        rollout_format(cfg)  # raises with the list of presets, or on a bad keep list
+    except ValueError as e:
+        raise ValueError(f"rollout.quant / rollout.keep: {e}") from e
     if cfg.rollout.engine not in ("hf", "static"):
         raise ValueError(f"unknown rollout.engine {cfg.rollout.engine!r}; choose from ['hf', 'static']")
     if cfg.rollout.engine == "static" and (cfg.model.kind != "causal" or cfg.rollout.align):

@@ -43,7 +43,7 @@ from aisrl.lora import apply_lora, merged_state
 from aisrl.losses import group_advantages
 from aisrl.policy import CausalPolicy, DiffusionPolicy
 from aisrl.qarl import align_, alignment, error_tokens
-from aisrl.quant import quant_config, quantize_, sync_weights
+from aisrl.quant import quantize_, sync_weights
 from aisrl.rollout import SamplingParams, device_of
 from aisrl.solrl import select_extremes
 from aisrl.tracking import Tracker
@@ -53,6 +53,7 @@ from aisrl.train_config import (
     correction_options,
     diffusion_params,
     resolve_device,
+    rollout_format,
     task_kwargs,
     validate,
 )
@@ -186,7 +187,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
     kv_fp8 = getattr(getattr(rollout, "quant_config", None), "kv_cache", False)
     ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 and cfg.lora.r == 0 else None
     if cfg.rollout.align:  # QaRL: the trainer computes in the rollout format, gradients reach FP32 weights
-        align_(model, quant_config(cfg.rollout.quant))
+        align_(model, rollout_format(cfg))
     if cfg.lora.r > 0:
         model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.targets, cfg.lora.dropout)
         ref = model if cfg.kl_coef > 0 else None  # the reference is the base model: adapters off, no copy
@@ -371,11 +372,11 @@ def _rollout_model(cfg: TrainConfig, model, device, task, encode):
         from aisrl.engine import Engine
 
         width = max(len(encode(p)) for p in sum(problem_sets(cfg, task), []))
-        engine = Engine(model, cfg.rollout.quant, max_len=width + cfg.rollout.max_new_tokens, device=device)
+        engine = Engine(model, rollout_format(cfg), max_len=width + cfg.rollout.max_new_tokens, device=device)
         return engine, engine.sync
     rollout = copy.deepcopy(model).eval()
     if cfg.rollout.quant != "none":
-        quantize_(rollout, quant_config(cfg.rollout.quant))
+        quantize_(rollout, rollout_format(cfg))
     return rollout, functools.partial(sync_weights, rollout=rollout)
 
 

@@ -11,7 +11,9 @@ another CPU) are refused. The score is the last-fifth training reward (`reward`,
 accuracy the trainer measured at the last step (`greedy_accuracy`; the run must evaluate at its last step), or one
 of the final-model scores `aisrl compare` writes to each run's final_eval.json (aisrl.final_eval). Only finished
 runs count: a run whose metrics stop before its last step, or that has no final_eval.json when one of its scores is
-asked for, is skipped. Prints the numbers and writes benchmarks/results/paired_<format>.json
+asked for, is skipped. A method written `METHOD@DIR` is taken from that directory alone, so runs of one method
+under other training settings (a study with `rollout.keep`, say, in its own directory) pair with the same method
+without them: `methods=tis,ais,ais@runs/nv_keep`. Prints the numbers and writes benchmarks/results/paired_<format>.json
 (paired_<format>_<metric>.json for another score; paired_<tag>_<format>... with `tag=`, which keeps the results of
 another study apart).
 """
@@ -112,7 +114,10 @@ def main(
         raise ValueError(f"unknown metric {metric!r}; choose from {sorted(METRICS)}")
     paths: dict[str, dict[int, Path]] = {k: {} for k in ["reference", *methods]}
     ref = collect(dirs, "reference", steps, metric, paths["reference"])
-    runs = {m: collect(dirs, f"{fmt}/{m}", steps, metric, paths[m]) for m in methods}
+    runs = {}
+    for m in methods:  # METHOD@DIR: that method's runs in that directory only
+        name, _, where = m.partition("@")
+        runs[m] = collect([Path(where)] if where else dirs, f"{fmt}/{name}", steps, metric, paths[m])
     for i, a in enumerate(paths):
         for b in list(paths)[i + 1 :]:
             check_starts(paths[a], paths[b])

@@ -129,6 +129,8 @@ def test_only_current_final_scores_are_aggregated(tmp_path):
     assert "| mxfp4 | tis | 1 |" in final_table(aggregate(cfg, plan(cfg), max_steps=10))
     other = CompareConfig(**{**cfg.__dict__, "final_samples": 8})  # scores of other settings do not count
     assert aggregate(other, plan(other), max_steps=10)["groups"]["mxfp4/tis"]["policy_reward"] == (None, None)
+    mixed = CompareConfig(**{**cfg.__dict__, "train": ["rollout.keep=[model.layers.0.*]"]})  # mixed precision is named
+    assert "| mxfp4 keeping model.layers.0.* | tis | 1 |" in final_table(aggregate(mixed, plan(mixed), max_steps=10))
 
 
 def test_publish_writes_results_and_benchmarks_section(tmp_path):
@@ -315,6 +317,11 @@ def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch)
     assert abs(out["pairs"]["tis-none"]["mean"] - (0.06 + 0.1 - 0.1) / 3) < 1e-12
     for kind in ("fmt/none", "fmt/tis"):
         (tmp_path / "b" / kind / "seed3" / "metrics.jsonl").unlink()
+    run("c", "fmt/tis", 1, [0.0] * 8 + [0.9, 0.8])  # METHOD@DIR: tis under other settings, in its own directory
+    out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["tis", f"tis@{tmp_path / 'c'}"], steps=10)
+    other = out["vs_full_precision"][f"tis@{tmp_path / 'c'}"]
+    assert other["seeds"] == [1] and abs(other["mean"] - 0.25) < 1e-12  # paired with b's reference of seed 1
+    assert out["pairs"][f"tis@{tmp_path / 'c'}-tis"]["seeds"] == [1]
     # a final-model score instead: only runs that have a final_eval.json count
     for d, kind, seed, score in (("a", "reference", 0, 0.8), ("b", "reference", 1, 0.7), ("a", "fmt/tis", 0, 0.75),
                                  ("b", "fmt/tis", 1, 0.72), ("b", "fmt/tis", 2, 0.1)):  # fmt: skip

@@ -53,3 +53,46 @@ def test_preset_diagnoses_the_lab_models_as_their_trainer_scores_them(tmp_path, 
     for r in res.values():
         assert 0 < r["tokens"] <= 4 * 40 and len(r["log_ratios"]) == r["tokens"]
     assert 0 < res["fp8_e4m3_w8a8"]["k3_kl"] < res["mxfp4_w4a4"]["k3_kl"]
+
+
+def test_per_layer_sensitivity_is_the_mismatch_with_each_layer_kept_alone():
+    import copy
+
+    import torch
+
+    from aisrl.doctor import layer_sensitivity, sensitivity_table
+    from aisrl.policy import CausalPolicy
+    from aisrl.quant import FakeQuantLinear, quant_config, quantize_
+    from aisrl.rollout import SamplingParams, generate
+
+    model = tiny_model("tiny-llama", seed=1).eval()
+    params = SamplingParams(max_new_tokens=8)
+    rollout = quantize_(copy.deepcopy(model), quant_config("mxfp4"))
+    r = generate(rollout, [[5, 6, 7], [8, 9], [10, 11, 12, 13]], params, seeds=[0, 1, 2], pad_id=0, eos_id=2)
+    policy = CausalPolicy(params, 0, 2)
+    old = policy.score(model, r, 0)
+    before = policy.score(rollout, r, 0)
+    rows = layer_sensitivity(policy, model, rollout, r, old)
+    names = [n for n, m in rollout.named_modules() if isinstance(m, FakeQuantLinear)]
+    assert sorted(x["layer"] for x in rows) == sorted(names)
+    assert abs(sum(x["weights"] for x in rows) - 1) < 1e-6
+    base = (old - before).abs()[r.completion_mask].mean()
+    for x in rows[:3] + rows[-2:]:  # by hand: a fresh copy quantised with that one layer kept
+        partial = quantize_(copy.deepcopy(model), quant_config("mxfp4", keep=(x["layer"],)))
+        left = (old - policy.score(partial, r, 0)).abs()[r.completion_mask].mean()
+        assert abs(left.item() - x["logprob_abs_diff_mean"]) < 1e-6
+        assert abs((1 - left / base).item() - x["removed"]) < 1e-5
+    assert [x["logprob_abs_diff_mean"] for x in rows] == sorted(x["logprob_abs_diff_mean"] for x in rows)
+    assert torch.equal(policy.score(rollout, r, 0), before)  # every quantised layer is back in place
+    assert f"| {rows[0]['layer']} |" in sensitivity_table(rows)
+
+
+def test_keep_applies_to_every_format_and_reports_the_kept_share():
+    cfg = DoctorConfig(model="tiny-llama", formats=["mxfp4", "int4"], prompts=4, max_new_tokens=6,
+                       keep=["model.layers.*.mlp.*"], per_layer=True)  # fmt: skip
+    res = diagnose(cfg, tiny_model("tiny-llama", seed=1), None)
+    for r in res.values():
+        assert 0 < r["kept_weights"] < 1 and "kept_weights" in table(res)
+        assert r["per_layer"] and not any(".mlp." in x["layer"] for x in r["per_layer"])
+    with pytest.raises(ValueError, match="keep must be a list of non-empty module-name patterns"):
+        diagnose(DoctorConfig(model="tiny-llama", keep=[""]), tiny_model(), None)

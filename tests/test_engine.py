@@ -115,6 +115,24 @@ def test_fp8_engine_matches_fake_quant_model(name):
     assert mismatch > 1e-3  # and FP8 differs from the full-precision model far more than from its emulation
 
 
+def test_kept_layers_run_in_full_precision_like_the_fake_quant_model():
+    model, params = tiny_model("tiny-qwen2"), SamplingParams(20)
+    keep = ("model.layers.0.self_attn.*", "*.1.mlp.down_proj")  # fused QKV kept whole, one layer's o and down
+    qc = quant_config("fp8_e4m3_w8a8", keep=keep)
+    engine = Engine(model, qc, max_len=64)
+    assert engine.layers[0]["qkv"].fp8 is None and engine.layers[0]["o"].fp8 is None
+    assert engine.layers[1]["down"].fp8 is None and engine.layers[1]["qkv"].fp8 == "channel"
+    r = engine.generate(PROMPTS, params, seeds=[1, 2, 3], eos_id=2)
+    fq = quantize_(copy.deepcopy(model), qc)
+    torch.testing.assert_close(r.rollout_logp, _recompute(fq, r, params), atol=1e-4, rtol=0)
+    every = quantize_(copy.deepcopy(model), quant_config("fp8_e4m3_w8a8"))
+    assert (r.rollout_logp - _recompute(every, r, params))[r.completion_mask].abs().max() > 1e-4  # keep mattered
+    with pytest.raises(ValueError, match=r"fuses \['model.layers.0.self_attn.q_proj', .*keep all of them or none"):
+        Engine(model, quant_config("fp8_e4m3_w8a8", keep=("*.0.self_attn.q_proj",)), max_len=64)
+    with pytest.raises(ValueError, match=r"keep pattern 'layers.0.\*' matches none of this model's linear layers"):
+        Engine(model, quant_config("fp8_e4m3_w8a8", keep=("layers.0.*",)), max_len=64)  # names start with model.
+
+
 def test_fp8_kv_cache_stores_bytes_and_stays_close():
     model = tiny_model("tiny-qwen3")
     eng = Engine(model, "fp8_e4m3_w8a8_kv", max_len=64)

@@ -11,6 +11,7 @@ datasets = pytest.importorskip("datasets")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from aisrl.integrations.trl import AISGRPOTrainer  # noqa: E402
+from aisrl.quant import FakeQuantLinear, quant_config  # noqa: E402
 
 
 def tiny_setup():
@@ -124,6 +125,11 @@ def test_configuration_errors_are_explained(tmp_path):
         AISGRPOTrainer(model=model, correction="ais", **kw)
     with pytest.raises(ValueError, match="unknown quantisation preset"):
         AISGRPOTrainer(model=model, rollout_quant="fp7", **kw)
+    with pytest.raises(ValueError, match="keep pattern 'layers.9.*' matches none"):  # a QuantConfig is used as given
+        AISGRPOTrainer(model=model, rollout_quant=quant_config("mxfp4", keep=("layers.9.*",)), **kw)
+    mixed = AISGRPOTrainer(model=model, rollout_quant=quant_config("mxfp4", keep=("*.layers.0.self_attn.*",)), **kw)
+    kinds = {n: isinstance(m, FakeQuantLinear) for n, m in mixed._rollout.named_modules() if ".layers." in n}
+    assert any(kinds.values()) and not any(q for n, q in kinds.items() if ".layers.0.self_attn." in n)
     # a correction's options are checked when the trainer is built, not after the first generation
     q = {**kw, "rollout_quant": "fp8_e4m3_w8a8"}
     with pytest.raises(ValueError, match=r"got unknown option\(s\) \['capp'\]"):

@@ -18,18 +18,20 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
 
 
-@pytest.mark.parametrize("fmt", ["fp8_e4m3_w8a8", "mxfp4_w4a4"])
-def test_aligned_trainer_logprobs_match_the_rollout_copy(fmt):
+@pytest.mark.parametrize("fmt,keep", [("fp8_e4m3_w8a8", ()), ("mxfp4_w4a4", ()), ("mxfp4_w4a4", ("*.0.self_attn.*",))])
+def test_aligned_trainer_logprobs_match_the_rollout_copy(fmt, keep):
     model, tok, _ = lab_model(LabConfig(hidden=64, layers=2, sft_steps=0), verbose=False)
     torch.manual_seed(0)
     for p in model.parameters():  # a non-trivial policy: random weights of a realistic scale
         p.data.normal_(0, 0.2)
-    rollout = quantize_(copy.deepcopy(model).eval(), quant_config(fmt))
+    rollout = quantize_(copy.deepcopy(model).eval(), quant_config(fmt, keep=keep))
     prompts = [[tok.bos_token_id] + tok.encode(f"{a}+{b}:") for a, b in [(3, 4), (12, 9), (20, 1), (7, 15)] * 4]
     params = SamplingParams(16)
     r = generate(rollout, prompts, params, seeds=list(range(len(prompts))), pad_id=0, eos_id=tok.eos_token_id)
     plain = logprobs(model.eval(), r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, params)
-    align_(model, quant_config(fmt))
+    align_(model, quant_config(fmt, keep=keep))  # the layers the rollout keeps in full precision stay plain
+    assert all(isinstance(m, AlignedLinear) != (".0.self_attn." in n and bool(keep)) for n, m in
+               model.named_modules() if isinstance(m, nn.Linear) and n != "lm_head")  # fmt: skip
     aligned = logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, params)
     m = r.completion_mask
     gap_plain = (plain - r.rollout_logp)[m].abs().max().item()

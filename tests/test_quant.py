@@ -12,6 +12,7 @@ from aisrl.quant import (
     FakeQuantLinear,
     QuantConfig,
     fake_float,
+    kept_fraction,
     quant_config,
     quantize_,
     quantize_fp8,
@@ -254,3 +255,60 @@ def test_eight_bit_presets_forward_by_hand(name):
         xq = (x / s).round().clamp(-127, 127) * s if fmt == "int8" else fake_float(x / s, fmt) * s
         assert not torch.equal(xq, x)
     torch.testing.assert_close(FakeQuantLinear(lin, quant_config(name))(x), xq @ wq.T + lin.bias.detach())
+
+
+class TwoBlocks(nn.Module):
+    """Named like a decoder: blocks.0.attn, blocks.0.mlp, blocks.1.attn, blocks.1.mlp, then lm_head."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(nn.ModuleDict({"attn": nn.Linear(16, 16), "mlp": nn.Linear(16, 16)}) for _ in "ab")
+        self.lm_head = nn.Linear(16, 5, bias=False)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = x + torch.tanh(b["mlp"](torch.tanh(b["attn"](x))))
+        return self.lm_head(x)
+
+
+def test_keep_leaves_the_named_layers_in_full_precision():
+    model, x = TwoBlocks(), torch.randn(3, 16)
+    cfg = quant_config("nvfp4", keep=["blocks.0.*", "blocks.1.mlp"])  # a list, as YAML gives it, becomes a tuple
+    assert cfg.keep == ("blocks.0.*", "blocks.1.mlp")
+    copy_ = quantize_(copy.deepcopy(model), cfg)
+    kinds = {n: type(m).__name__ for n, m in copy_.named_modules() if isinstance(m, (nn.Linear, FakeQuantLinear))}
+    assert kinds == {"blocks.0.attn": "Linear", "blocks.0.mlp": "Linear", "blocks.1.attn": "FakeQuantLinear",
+                     "blocks.1.mlp": "Linear", "lm_head": "Linear"}  # fmt: skip
+    # by hand: the same model with only blocks.1.attn's weight rounded to NVFP4 (a weight-only format)
+    by_hand = copy.deepcopy(model)
+    with torch.no_grad():
+        by_hand.blocks[1]["attn"].weight.copy_(quantize_nvfp4(model.blocks[1]["attn"].weight))
+    torch.testing.assert_close(copy_(x), by_hand(x), atol=1e-6, rtol=0)
+    assert not torch.allclose(copy_(x), model(x), atol=1e-4)
+    assert kept_fraction(model, cfg) == 0.75  # 3 of the 4 equal-sized quantisable layers; the head is not one
+
+
+def test_sync_copies_kept_layers_exactly_and_requantises_the_rest():
+    trainer = TwoBlocks()
+    rollout = quantize_(copy.deepcopy(trainer), quant_config("fp8_e4m3", keep=("blocks.1.*",)))
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    sync_weights(trainer, rollout)
+    assert torch.equal(rollout.blocks[1]["attn"].weight, trainer.blocks[1]["attn"].weight)  # unrounded
+    want = quantize_fp8(trainer.blocks[0]["mlp"].weight.detach(), "e4m3", "channel")
+    assert torch.equal(rollout.blocks[0]["mlp"].weight, want)
+
+
+def test_bad_keep_lists_fail_with_the_pattern_and_the_layer_names():
+    with pytest.raises(ValueError, match=r"keep pattern 'blocks.2.\*' matches none of this model's quantisable "
+                                         r"layers \(blocks.0.attn, blocks.0.mlp, blocks.1.attn, blocks.1.mlp\)"):
+        quantize_(TwoBlocks(), quant_config("int4", keep=("blocks.0.attn", "blocks.2.*")))
+    with pytest.raises(ValueError, match="keep pattern 'lm_head' matches none"):  # the head is not quantised anyway
+        quantize_(TwoBlocks(), quant_config("int4", keep=("lm_head",)))
+    with pytest.raises(ValueError, match=r"no nn.Linear layers to quantise in this model \(keep names them all\)"):
+        quantize_(TwoBlocks(), quant_config("int4", keep=("blocks.*",)))
+    for bad in ("blocks.0.attn", ("",), (3,)):
+        with pytest.raises(ValueError, match="keep must be a list of non-empty module-name patterns"):
+            quant_config("int4", keep=bad)

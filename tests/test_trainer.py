@@ -192,6 +192,7 @@ save_checkpoint({str(tmp_path)!r}, 2, m, torch.optim.AdamW(m.parameters()), {{}}
         (["model.name=smollm2", "task=dataset", "dataset=d.jsonl", "task_options={'path': 'x'}"],
          "task_options sets ['path']: name the file or generator with dataset= instead"),
         (["rollout.quant=fp9"], "unknown quantisation preset 'fp9'"),
+        (["rollout.keep=['']"], "rollout.quant / rollout.keep: keep must be a list of non-empty module-name patterns"),
         (["device=tpu0"], "device 'tpu0' is not a device name"),
         (["device=cuda:7"], "device 'cuda:7' asked for, but this machine has"),
         (["precision=fp16"], "unknown precision 'fp16'; choose from ['bf16', 'fp32']"),
@@ -227,6 +228,26 @@ def test_a_run_that_fails_to_start_leaves_no_directory(tmp_path, capsys, monkeyp
     monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != locked and real_access(p, mode))
     assert main(["train", "lab", *TINY, f"output_dir={locked / 'a' / 'run'}"]) == 2
     assert f"{locked} is not writable; choose another output_dir" in capsys.readouterr().err
+
+
+def test_rollout_keep_leaves_those_layers_of_the_rollout_copy_in_full_precision(tmp_path, capsys):
+    from aisrl.quant import FakeQuantLinear
+    from aisrl.trainer import _rollout_model
+
+    cfg = load_config("lab", [*TINY, "rollout.quant=nvfp4_w4a4", "rollout.keep=[model.layers.0.self_attn.*]"])
+    model, _, task, encode = build(cfg)
+    rollout, sync = _rollout_model(cfg, model, torch.device("cpu"), task, encode)
+    quantised = {n for n, m in rollout.named_modules() if isinstance(m, FakeQuantLinear)}
+    assert quantised and not any(n.startswith("model.layers.0.self_attn.") for n in quantised)
+    assert any(n.startswith("model.layers.0.mlp.") for n in quantised)
+    with torch.no_grad():
+        model.model.layers[0].self_attn.o_proj.weight.add_(0.01)
+    sync(model.state_dict())
+    assert torch.equal(rollout.model.layers[0].self_attn.o_proj.weight, model.model.layers[0].self_attn.o_proj.weight)
+    out = tmp_path / "run"  # a pattern that names no layer stops the run before it writes anything
+    assert main(["train", "lab", *TINY, "rollout.keep=[model.layer.0.*]", f"output_dir={out}"]) == 2
+    assert "keep pattern 'model.layer.0.*' matches none of this model's" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_unknown_preset_lists_the_presets(capsys, tmp_path):

@@ -40,7 +40,7 @@ except ImportError as e:  # pragma: no cover - exercised only without trl
 
 from aisrl.correction import CORRECTIONS, check_options, correct
 from aisrl.lora import is_peft
-from aisrl.quant import quant_config, quantize_, sync_weights
+from aisrl.quant import QuantConfig, quant_config, quantize_, sync_weights
 from aisrl.rollout import SamplingParams, generate, request_seeds
 
 MULTIMODAL_FIELDS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
@@ -83,13 +83,14 @@ class AISGRPOTrainer(GRPOTrainer):
 
     correction: a name of aisrl.correction.CORRECTIONS ('ais' by default; 'none' leaves TRL's loss as it is).
     correction_options: keyword options of that correction, e.g. {"cap": 2.0} or {"ema": 0.9} for AIS.
-    rollout_quant: an aisrl.quant preset ('fp8_e4m3_w8a8', 'mxfp4', ...) or 'none' (full-precision copy) to
-        generate with an aisrl rollout copy; None keeps TRL's generation (then use_vllm=True is needed for
-        any correction other than 'none', since only vLLM reports sampling log-probs).
+    rollout_quant: an aisrl.quant preset ('fp8_e4m3_w8a8', 'mxfp4', ...), an aisrl.quant.QuantConfig (e.g.
+        `quant_config("nvfp4_w4a4", keep=("model.layers.0.self_attn.*",))` for mixed precision) or 'none'
+        (full-precision copy) to generate with an aisrl rollout copy; None keeps TRL's generation (then
+        use_vllm=True is needed for any correction other than 'none', since only vLLM reports sampling log-probs).
     """
 
     def __init__(self, model, *args, correction: str = "ais", correction_options: dict | None = None,
-                 rollout_quant: str | None = None, **kwargs):  # fmt: skip
+                 rollout_quant: str | QuantConfig | None = None, **kwargs):  # fmt: skip
         if correction not in CORRECTIONS:
             raise ValueError(f"unknown correction {correction!r}; choose from {sorted(CORRECTIONS)}")
         check_options(correction, **(correction_options or {}))  # now, not after the first generation
@@ -125,7 +126,8 @@ class AISGRPOTrainer(GRPOTrainer):
         if rollout_quant is not None:  # copy before TRL patches the model's forward in place
             self._rollout = copy.deepcopy(model).eval().requires_grad_(False)
             if rollout_quant != "none":
-                quantize_(self._rollout, quant_config(rollout_quant))
+                qc = rollout_quant if isinstance(rollout_quant, QuantConfig) else quant_config(rollout_quant)
+                quantize_(self._rollout, qc)
         super().__init__(model, *args, **kwargs)
         if self._rollout is not None:
             self._rollout.to(self.accelerator.device)  # the Trainer placed the policy; the copy follows it
