@@ -182,6 +182,7 @@ class Engine:
                                self.dtype, self.device),  # fmt: skip
                 "qk_norm": a + "q_norm.weight" in state,
             }
+            layer["fp8_in"] = {k: layer[k].fp8 is not None for k in ("qkv", "o", "gate_up", "down")}  # FP8 inputs
             self.layers.append(layer)
         self.head = Linear(V, cfg.hidden_size, False, head_fp8, self.dtype, self.device)
         self.small = {}  # embeddings and norm weights, by state name
@@ -245,7 +246,7 @@ class Engine:
         delta = None
         for i, layer in enumerate(self.layers):
             n = f"{self.prefix}layers.{i}."
-            fp8 = {k: layer[k].fp8 is not None for k in ("qkv", "o", "gate_up", "down")}  # which inputs to quantise
+            fp8 = layer["fp8_in"]
             x, h = f["add_norm"](x, delta, self.small[n + "input_layernorm.weight"], eps, fp8["qkv"])
             qn = self.small.get(n + "self_attn.q_norm.weight")
             kn = self.small.get(n + "self_attn.k_norm.weight")
