@@ -146,7 +146,7 @@ class QuantConfig:
     keep: tuple[str, ...] = ()
     """Linear layers left in full precision, as shell-style patterns of module names (`fnmatch`, e.g.
     'model.layers.0.self_attn.*'): the mixed-precision recipe of a rollout engine's ignored layers. Each pattern
-    must match a layer that would otherwise be quantised; `aisrl mismatch --per-layer` says which layers to keep."""
+    must match a layer that would otherwise be quantised; `aisrl mismatch ... per_layer=true` says which to keep."""
 
     def __post_init__(self):
         if self.format not in WEIGHT_FORMATS:
