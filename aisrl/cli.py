@@ -21,13 +21,14 @@ def _mismatch(args) -> int:
     from aisrl.config import apply_overrides
     from aisrl.doctor import DoctorConfig, main
 
-    if args.preset:  # what the preset sets, given anyway (even at its default value), would be silently ignored
-        keys = [k.split("=", 1)[0].strip() for k in args.overrides]
+    keys = [k.split("=", 1)[0].strip() for k in args.overrides]
+    if args.preset or "start" in keys:  # what these set, given anyway (even at its default value), would be ignored
         given = [k for k in ("model", "task", "max_new_tokens", "temperature")
                  if k in keys or getattr(args, k, None) is not None]  # fmt: skip
+        what = f"the preset ({args.preset!r})" if args.preset else "the run (start=...)"
         if given:
-            raise ValueError(f"with a preset, {given} come from the preset ({args.preset!r}); drop them, or diagnose "
-                             "the model without preset")  # fmt: skip
+            raise ValueError(f"with a preset or start, {given} come from {what}; drop them, or diagnose the model "
+                             "without preset and start")  # fmt: skip
     default = DoctorConfig()
     cfg = DoctorConfig(model=args.model or default.model, task=args.task or default.task, preset=args.preset or "")
     if args.formats:

@@ -20,6 +20,11 @@ removes when kept alone, which says what to keep:
 
     aisrl mismatch --preset lab_columns --formats nvfp4_w4a4 per_layer=true
     aisrl mismatch --preset lab_columns --formats nvfp4_w4a4 "keep=[model.layers.0.self_attn.*]"
+
+`start=RUN:STEP` examines a training run's policy at one of its checkpoints (its recorded settings and prompts, its
+weights at that step), to see where the mismatch sits after training has moved the policy:
+
+    aisrl mismatch --formats nvfp4_w4a4 per_layer=true start=runs/x/nvfp4_w4a4/ais/seed42:100
 """
 
 from __future__ import annotations
@@ -81,6 +86,10 @@ class DoctorConfig:
     per_layer: bool = False
     """Also rank each format's quantised linear layers by the mismatch left when that layer alone is put back in full
     precision (the candidates for `keep`): one scoring pass of the samples per layer."""
+    start: str = ""
+    """RUN:STEP: examine a training run's policy at a checkpoint (its recorded settings, its weights at STEP) instead
+    of a preset's initial model, e.g. runs/x/nvfp4_w4a4/ais/seed42:100. How the mismatch spreads over the layers
+    changes as training moves the policy (BENCHMARKS.md section 3)."""
 
 
 def _prompt_ids(cfg: DoctorConfig, tok) -> list[list[int]]:
@@ -96,13 +105,19 @@ def _prompt_ids(cfg: DoctorConfig, tok) -> list[list[int]]:
 
 
 def _subject(cfg: DoctorConfig, model, tok):
-    """(model, prompts, policy) under examination: a training preset's, or a model with the doctor's prompts."""
-    if cfg.preset:
+    """(model, prompts, policy) under examination: a training preset's or run's, or a model with the doctor's
+    prompts."""
+    if cfg.preset or cfg.start:
         from aisrl.train_config import load_config
         from aisrl.trainer import build, make_policy
 
-        tcfg = load_config(cfg.preset)
+        base, weights = _run_checkpoint(cfg) if cfg.start else (cfg.preset, None)
+        tcfg = load_config(base)
         model, tok, task, encode = build(tcfg)
+        if weights is not None:
+            from safetensors.torch import load_file
+
+            model.load_state_dict(load_file(weights))
         prompts = [encode(p) for p in task.problems("train", cfg.prompts, seed=cfg.seed)]
         return model, prompts, make_policy(tcfg, tok, model)
     if model is None:
@@ -116,16 +131,38 @@ def _subject(cfg: DoctorConfig, model, tok):
     return model, prompts, CausalPolicy(params, 0 if pad is None else pad, eos, tokenizer=tok)
 
 
+def _run_checkpoint(cfg: DoctorConfig) -> tuple[str, Path]:
+    """(the settings the `start=RUN:STEP` run was trained with, its checkpoint's weights file): its config.json, or
+    `preset` for a run without one."""
+    from aisrl.branch import recorded_base
+    from aisrl.checkpoint import checkpoint_dir
+
+    run, sep, step = cfg.start.rpartition(":")
+    if not sep or not step.isdigit() or not Path(run).is_dir():
+        raise ValueError(f"start={cfg.start!r}: give RUN:STEP, a folder `aisrl train` wrote and one of its checkpoint "
+                         "steps, e.g. start=runs/x/nvfp4_w4a4/ais/seed42:100")  # fmt: skip
+    path = checkpoint_dir(run, int(step)) / "model.safetensors"
+    if not path.is_file():
+        saved = sorted(int(p.name[5:]) for p in (Path(run) / "checkpoints").glob("step_*") if p.name[5:].isdigit())
+        raise ValueError(f"{run} has no checkpoint at step {step}; it holds steps {saved}")
+    if cfg.preset and (Path(run) / "config.json").is_file():
+        raise ValueError(f"{run} records its settings (config.json); drop preset={cfg.preset!r}, the run's are used")
+    return recorded_base(Path(run), cfg.preset), path
+
+
 def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:
     """Run the doctor; returns {format: {metric: value, ..., "log_ratios": [...]}}."""
     for name in cfg.formats:
         quant_config(name, keep=tuple(cfg.keep))  # fail fast on an unknown preset or bad keep, before loading anything
-    if cfg.preset:  # these come from the preset; a value given for them would be silently ignored
+    if cfg.preset or cfg.start:  # these come from the preset or run; a value given for them would be ignored
         keys, default = ("model", "task", "max_new_tokens", "temperature"), DoctorConfig()
         given = [k for k in keys if getattr(cfg, k) != getattr(default, k)]
+        what = f"the preset ({cfg.preset!r})" if cfg.preset and not cfg.start else f"the run ({cfg.start!r})"
         if given:
-            raise ValueError(f"with a preset, {given} come from the preset ({cfg.preset!r}); drop them, or diagnose "
-                             "the model without preset")  # fmt: skip
+            raise ValueError(f"with a preset or start, {given} come from {what}; drop them, or diagnose the model "
+                             "without preset and start")  # fmt: skip
+    if cfg.start:
+        _run_checkpoint(cfg)  # a bad RUN:STEP, before the model is built
     model, prompts, policy = _subject(cfg, model, tok)
     model.eval()
     seeds = [cfg.seed * 100_003 + i for i in range(len(prompts))]
@@ -187,6 +224,14 @@ def sensitivity_table(rows: list[dict], top: int = 12) -> str:
                              f"{x['weights']:.1%} |" for x in rows[:top]) + "\n"  # fmt: skip
 
 
+def keep_hint(rows: list[dict], top: int = 2) -> str:
+    """The training override that keeps the `top` layers of layer_sensitivity, and how to check that set: one
+    layer's effect is measured alone, and two layers' roundings can cancel or add."""
+    keep = "[" + ",".join(x["layer"] for x in rows[:top]) + "]"
+    return (f"to keep the top {min(top, len(rows))}: \"rollout.keep={keep}\" in training; measure that set first "
+            f"with \"keep={keep}\" (without per_layer)")  # fmt: skip
+
+
 def table(result: dict) -> str:
     cols = ["k3_kl", "ess", "chi2_token", "logprob_abs_diff_mean", "ratio_frac_above_2", "ratio_frac_below_half",
             "token_prob_mult_error", "sync_seconds"]  # fmt: skip
@@ -226,6 +271,7 @@ def main(cfg: DoctorConfig, out_dir: str | Path) -> dict:
         if "per_layer" in r:
             print(f"{name}: the layers whose full precision removes most of the mismatch")
             print(sensitivity_table(r["per_layer"]))
+            print(keep_hint(r["per_layer"]))
     write_json(out_dir / "mismatch.json", {"config": cfg.__dict__, "machine": machine(), "formats": result})
     try:
         histogram(result, out_dir / "logratio_hist.png")

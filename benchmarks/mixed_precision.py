@@ -9,6 +9,7 @@ BENCHMARKS.md.
 
     python benchmarks/mixed_precision.py [preset=lab_columns "formats=[nvfp4_w4a4,mxfp4_w4a4]" "tops=[1,2,4,8]"]
     python benchmarks/mixed_precision.py preset= model=smollm2 prompts=16
+    python benchmarks/mixed_precision.py preset= start=runs/x/nvfp4_w4a4/ais/seed42:100 formats=[nvfp4_w4a4]
 
 The single-layer effects need not add up (rounding errors of two layers can cancel), which is why each kept set is
 measured, not predicted. A kept set is then trained with `rollout.keep=[...]`.
@@ -40,14 +41,26 @@ class MixedConfig:
     """Kept sets to measure: the top k layers of each format's ranking, for each k."""
     seed: int = 0
     """Seed of the prompts and samples (the same for every kept set)."""
+    start: str = ""
+    """RUN:STEP: examine a training run's policy at that checkpoint instead (preset=''), with the run's settings and
+    training prompts (aisrl.doctor's `start`): where the mismatch sits after training has moved the policy."""
+
+
+def subject(cfg: MixedConfig) -> str:
+    """Name of the results: the preset's, the model's, or the run's (study_format_method_seed_step)."""
+    if cfg.start:
+        run, _, step = cfg.start.rpartition(":")
+        return "_".join(Path(run).parts[-4:]) + f"_step{step}"
+    return Path(cfg.preset).stem if cfg.preset else Path(cfg.model).name
 
 
 def study(cfg: MixedConfig) -> dict:
     """{format: {"ranking": [...], "sets": [{"keep": [...], metrics...}, ...]}}, the first set keeping nothing."""
-    if bool(cfg.preset) == bool(cfg.model):
-        raise ValueError("give a training preset (preset=...) or a model (preset='' model=...), not both or neither")
-    subject = {"preset": cfg.preset} if cfg.preset else {"model": cfg.model}
-    base = DoctorConfig(**subject, formats=cfg.formats, prompts=cfg.prompts, seed=cfg.seed)
+    if bool(cfg.preset) + bool(cfg.model) + bool(cfg.start) != 1:
+        raise ValueError("give a training preset (preset=...), a model (preset='' model=...) or a run's checkpoint "
+                         "(preset='' start=RUN:STEP): one, not several or none")  # fmt: skip
+    source = {"preset": cfg.preset} if cfg.preset else {"model": cfg.model} if cfg.model else {"start": cfg.start}
+    base = DoctorConfig(**source, formats=cfg.formats, prompts=cfg.prompts, seed=cfg.seed)
     ranked = diagnose(replace(base, per_layer=True))
     out = {}
     for fmt in cfg.formats:
@@ -74,18 +87,19 @@ def table(result: dict) -> str:
 if __name__ == "__main__":
     cfg = apply_overrides(MixedConfig(), sys.argv[1:])
     result = study(cfg)
-    subject = Path(cfg.preset).stem if cfg.preset else Path(cfg.model).name
-    write_json(ROOT / f"benchmarks/results/mixed_precision_{subject}.json",
+    name = subject(cfg)
+    write_json(ROOT / f"benchmarks/results/mixed_precision_{name}.json",
                {"config": cfg.__dict__, "machine": machine(), "formats": result})  # fmt: skip
     cmd = "python benchmarks/mixed_precision.py" + "".join(f" {a}" for a in sys.argv[1:])
     top = max(cfg.tops)
     order = "\n".join(f"- {fmt}: " + ", ".join(f"{x['layer']} ({x['removed']:.0%})" for x in r["ranking"][:top])
                       for fmt, r in result.items())  # fmt: skip
     what = (f"the `{cfg.preset}` preset's model, {cfg.prompts} of its training prompts" if cfg.preset else
+            f"the policy of `{cfg.start}`, {cfg.prompts} of its training prompts" if cfg.start else
             f"{cfg.model}, {cfg.prompts} arithmetic prompts x 64 sampled tokens")  # fmt: skip
     body = (f"Command: `{cmd}`; {what}, one completion each, seed {cfg.seed}; 2 CPUs, FP32. Each row keeps the top "
             f"k layers of its format's ranking in full precision and is measured on the completions that mixed copy "
             f"samples. The ranking (share of the token mismatch each layer removes when kept alone):\n{order}\n\n"
             f"{table(result)}")  # fmt: skip
-    update_section(ROOT / "BENCHMARKS.md", f"mixed_precision_{subject}", body)
+    update_section(ROOT / "BENCHMARKS.md", f"mixed_precision_{name}", body)
     print(table(result))

@@ -13,9 +13,10 @@ of the final-model scores `aisrl compare` writes to each run's final_eval.json (
 runs count: a run whose metrics stop before its last step, or that has no final_eval.json when one of its scores is
 asked for, is skipped. A method written `METHOD@DIR` is taken from that directory alone, so runs of one method
 under other training settings (a study with `rollout.keep`, say, in its own directory) pair with the same method
-without them: `methods=tis,ais,ais@runs/nv_keep`. Prints the numbers and writes benchmarks/results/paired_<format>.json
-(paired_<format>_<metric>.json for another score; paired_<tag>_<format>... with `tag=`, which keeps the results of
-another study apart).
+without them: `methods=tis,ais,ais@runs/nv_keep`. A method written `FORMAT/METHOD` is taken from that rollout format
+instead of `format=`, so one method under two formats pairs by seed: `methods=ais,nvfp4_w4a4/ais`. Prints the
+numbers and writes benchmarks/results/paired_<format>.json (paired_<format>_<metric>.json for another score;
+paired_<tag>_<format>... with `tag=`, which keeps the results of another study apart).
 """
 
 import json
@@ -115,9 +116,10 @@ def main(
     paths: dict[str, dict[int, Path]] = {k: {} for k in ["reference", *methods]}
     ref = collect(dirs, "reference", steps, metric, paths["reference"])
     runs = {}
-    for m in methods:  # METHOD@DIR: that method's runs in that directory only
+    for m in methods:  # METHOD@DIR: that method's runs in that directory only; FORMAT/METHOD: under that format
         name, _, where = m.partition("@")
-        runs[m] = collect([Path(where)] if where else dirs, f"{fmt}/{name}", steps, metric, paths[m])
+        kind = name if "/" in name else f"{fmt}/{name}"
+        runs[m] = collect([Path(where)] if where else dirs, kind, steps, metric, paths[m])
     for i, a in enumerate(paths):
         for b in list(paths)[i + 1 :]:
             check_starts(paths[a], paths[b])

@@ -20,5 +20,9 @@ def test_kept_sets_are_the_top_of_the_ranking_and_report_their_share(tmp_path, m
     assert shares[0] == 0 and shares == sorted(shares) and shares[-1] < 1
     assert res["sets"][-1]["k3_kl"] < res["sets"][0]["k3_kl"]  # 13 of 14 layers in full precision: far closer
     assert "| mxfp4_w4a4 | 3 |" in mp.table({"mxfp4_w4a4": res})
-    with pytest.raises(ValueError, match="a training preset .* or a model .*, not both or neither"):
+    with pytest.raises(ValueError, match="a training preset .*, a model .* or a run's checkpoint .*: one, not several"):
         mp.study(mp.MixedConfig(model="tiny-llama"))  # the default preset and a model
+    with pytest.raises(ValueError, match="one, not several or none"):
+        mp.study(mp.MixedConfig(preset=""))
+    name = mp.subject(mp.MixedConfig(preset="", start="runs/s/nvfp4_w4a4/ais/seed42:100"))
+    assert name == "s_nvfp4_w4a4_ais_seed42_step100"  # the study folder, format, method, seed and step

@@ -322,6 +322,10 @@ def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch)
     other = out["vs_full_precision"][f"tis@{tmp_path / 'c'}"]
     assert other["seeds"] == [1] and abs(other["mean"] - 0.25) < 1e-12  # paired with b's reference of seed 1
     assert out["pairs"][f"tis@{tmp_path / 'c'}-tis"]["seeds"] == [1]
+    run("c", "fmt2/tis", 1, [0.0] * 8 + [0.7, 0.7])  # FORMAT/METHOD: the same method under another format
+    out = mod.main([tmp_path / "a", tmp_path / "b", tmp_path / "c"], "fmt", ["tis", "fmt2/tis"], steps=10)
+    assert out["vs_full_precision"]["fmt2/tis"]["seeds"] == [1]
+    assert abs(out["pairs"]["fmt2/tis-tis"]["mean"] - 0.1) < 1e-12
     # a final-model score instead: only runs that have a final_eval.json count
     for d, kind, seed, score in (("a", "reference", 0, 0.8), ("b", "reference", 1, 0.7), ("a", "fmt/tis", 0, 0.75),
                                  ("b", "fmt/tis", 1, 0.72), ("b", "fmt/tis", 2, 0.1)):  # fmt: skip

@@ -34,9 +34,9 @@ def test_unknown_format_fails_before_loading(capsys):
     with pytest.raises(ValueError, match="unknown task"):
         diagnose(DoctorConfig(model="tiny-llama", task="chess"), tiny_model(), None)
     assert main(["mismatch", "--preset", "lab", "--model", "tiny-llama", "temperature=0.7"]) == 2
-    assert "with a preset, ['model', 'temperature'] come from the preset ('lab')" in capsys.readouterr().err
+    assert "with a preset or start, ['model', 'temperature'] come from the preset ('lab')" in capsys.readouterr().err
     assert main(["mismatch", "--preset", "lab", "--model", "smollm2", "--task", "arithmetic"]) == 2  # the defaults too
-    assert "with a preset, ['model', 'task'] come from the preset ('lab')" in capsys.readouterr().err
+    assert "with a preset or start, ['model', 'task'] come from the preset ('lab')" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kind", ["causal", "diffusion"])
@@ -60,7 +60,7 @@ def test_per_layer_sensitivity_is_the_mismatch_with_each_layer_kept_alone():
 
     import torch
 
-    from aisrl.doctor import layer_sensitivity, sensitivity_table
+    from aisrl.doctor import keep_hint, layer_sensitivity, sensitivity_table
     from aisrl.policy import CausalPolicy
     from aisrl.quant import FakeQuantLinear, quant_config, quantize_
     from aisrl.rollout import SamplingParams, generate
@@ -85,6 +85,8 @@ def test_per_layer_sensitivity_is_the_mismatch_with_each_layer_kept_alone():
     assert [x["logprob_abs_diff_mean"] for x in rows] == sorted(x["logprob_abs_diff_mean"] for x in rows)
     assert torch.equal(policy.score(rollout, r, 0), before)  # every quantised layer is back in place
     assert f"| {rows[0]['layer']} |" in sensitivity_table(rows)
+    hint = keep_hint(rows)
+    assert f'"rollout.keep=[{rows[0]["layer"]},{rows[1]["layer"]}]"' in hint and f'"keep=[{rows[0]["layer"]},' in hint
 
 
 def test_keep_applies_to_every_format_and_reports_the_kept_share():
@@ -96,3 +98,37 @@ def test_keep_applies_to_every_format_and_reports_the_kept_share():
         assert r["per_layer"] and not any(".mlp." in x["layer"] for x in r["per_layer"])
     with pytest.raises(ValueError, match="keep must be a list of non-empty module-name patterns"):
         diagnose(DoctorConfig(model="tiny-llama", keep=[""]), tiny_model(), None)
+
+
+def test_start_examines_a_runs_checkpoint_with_the_runs_settings(tmp_path, monkeypatch):
+    import torch
+    from conftest import TINY_LAB
+    from safetensors.torch import load_file
+
+    from aisrl.checkpoint import checkpoint_dir
+    from aisrl.doctor import _subject
+    from aisrl.train_config import load_config
+    from aisrl.trainer import build, train
+
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    run = tmp_path / "run"
+    train(load_config("lab", [*TINY_LAB, "max_steps=2", "checkpoint_every=2", "eval_every=2", "lr=0.01",
+                              f"output_dir={run}"]), log=lambda _: None)  # fmt: skip
+    cfg = DoctorConfig(start=f"{run}:2", formats=["mxfp4_w4a4"], prompts=4, per_layer=True)
+    model, prompts, _ = _subject(cfg, None, None)
+    saved = load_file(checkpoint_dir(run, 2) / "model.safetensors")
+    initial = build(load_config(str(run / "config.json")))[0].state_dict()
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())  # the checkpoint's weights
+    assert any(not torch.equal(v, initial[k]) for k, v in saved.items())  # which training moved
+    assert len(prompts) == 4
+    res = diagnose(cfg)["mxfp4_w4a4"]
+    assert res["tokens"] > 0 and len(res["per_layer"]) == 7  # 1 block x (q, k, v, o, gate, up, down)
+    with pytest.raises(ValueError, match="give RUN:STEP"):
+        diagnose(DoctorConfig(start=str(run)))
+    with pytest.raises(ValueError, match=r"has no checkpoint at step 1; it holds steps \[2\]"):
+        diagnose(DoctorConfig(start=f"{run}:1", formats=["mxfp4_w4a4"]))
+    with pytest.raises(ValueError, match="records its settings .*; drop preset='lab'"):
+        diagnose(DoctorConfig(start=f"{run}:2", preset="lab"))
+    with pytest.raises(ValueError, match=r"\['temperature'\] come from the run"):
+        diagnose(DoctorConfig(start=f"{run}:2", temperature=0.5))
