@@ -33,7 +33,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from aisrl.checkpoint import atomic_write_text, checkpoint_dir
+from aisrl.checkpoint import atomic_write_text, checkpoint_dir, saved_weights
 from aisrl.compare import run_rows
 
 
@@ -100,10 +100,7 @@ def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
     run = Path(cfg.run)
     if not cfg.run or not run.is_dir():
         raise ValueError(f"run={cfg.run!r} is not a run folder; pass run=DIR, a folder `aisrl train` wrote")
-    ckpt = checkpoint_dir(run, cfg.step)
-    if not (ckpt / "model.safetensors").is_file():
-        saved = sorted(int(p.name[5:]) for p in (run / "checkpoints").glob("step_*") if p.name[5:].isdigit())
-        raise ValueError(f"{run} has no checkpoint at step {cfg.step}; it holds steps {saved} (step=...)")
+    saved_weights(run, cfg.step)  # a step without a checkpoint: the error lists the saved ones
     if cfg.jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {cfg.jobs}")
     if not cfg.salts or len(set(cfg.salts)) != len(cfg.salts):

@@ -153,6 +153,15 @@ def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
     return _dir(output_dir) / f"step_{step:06d}"
 
 
+def saved_weights(output_dir: str | Path, step: int) -> Path:
+    """The model.safetensors of a run's checkpoint at `step`; a ValueError listing the saved steps if it has none."""
+    path = checkpoint_dir(output_dir, step) / "model.safetensors"
+    if not path.is_file():
+        saved = sorted(int(p.name[5:]) for p in _dir(output_dir).glob("step_*") if p.name[5:].isdigit())
+        raise ValueError(f"{output_dir} has no checkpoint at step {step}; it holds steps {saved}")
+    return path
+
+
 def save_checkpoint(output_dir, step: int, model, optimizer, extra: dict, keep: int = 2) -> Path:
     root = _dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)

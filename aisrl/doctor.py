@@ -135,16 +135,13 @@ def _run_checkpoint(cfg: DoctorConfig) -> tuple[str, Path]:
     """(the settings the `start=RUN:STEP` run was trained with, its checkpoint's weights file): its config.json, or
     `preset` for a run without one."""
     from aisrl.branch import recorded_base
-    from aisrl.checkpoint import checkpoint_dir
+    from aisrl.checkpoint import saved_weights
 
     run, sep, step = cfg.start.rpartition(":")
     if not sep or not step.isdigit() or not Path(run).is_dir():
         raise ValueError(f"start={cfg.start!r}: give RUN:STEP, a folder `aisrl train` wrote and one of its checkpoint "
                          "steps, e.g. start=runs/x/nvfp4_w4a4/ais/seed42:100")  # fmt: skip
-    path = checkpoint_dir(run, int(step)) / "model.safetensors"
-    if not path.is_file():
-        saved = sorted(int(p.name[5:]) for p in (Path(run) / "checkpoints").glob("step_*") if p.name[5:].isdigit())
-        raise ValueError(f"{run} has no checkpoint at step {step}; it holds steps {saved}")
+    path = saved_weights(run, int(step))
     if cfg.preset and (Path(run) / "config.json").is_file():
         raise ValueError(f"{run} records its settings (config.json); drop preset={cfg.preset!r}, the run's are used")
     return recorded_base(Path(run), cfg.preset), path
