@@ -104,14 +104,14 @@ def _prompt_ids(cfg: DoctorConfig, tok) -> list[list[int]]:
     return [tok(q).input_ids for q in questions]
 
 
-def _subject(cfg: DoctorConfig, model, tok):
-    """(model, prompts, policy) under examination: a training preset's or run's, or a model with the doctor's
-    prompts."""
-    if cfg.preset or cfg.start:
+def _subject(cfg: DoctorConfig, model, tok, checkpoint: tuple[str, Path] | None = None):
+    """(model, prompts, policy) under examination: a training preset's, a run's at `checkpoint` (_run_checkpoint's
+    settings and weights, for `start`), or a model with the doctor's prompts."""
+    if cfg.preset or checkpoint is not None:
         from aisrl.train_config import load_config
         from aisrl.trainer import build, make_policy
 
-        base, weights = _run_checkpoint(cfg) if cfg.start else (cfg.preset, None)
+        base, weights = checkpoint or (cfg.preset, None)
         tcfg = load_config(base)
         model, tok, task, encode = build(tcfg)
         if weights is not None:
@@ -158,9 +158,8 @@ def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:
         if given:
             raise ValueError(f"with a preset or start, {given} come from {what}; drop them, or diagnose the model "
                              "without preset and start")  # fmt: skip
-    if cfg.start:
-        _run_checkpoint(cfg)  # a bad RUN:STEP, before the model is built
-    model, prompts, policy = _subject(cfg, model, tok)
+    checkpoint = _run_checkpoint(cfg) if cfg.start else None  # a bad RUN:STEP fails before the model is built
+    model, prompts, policy = _subject(cfg, model, tok, checkpoint)
     model.eval()
     seeds = [cfg.seed * 100_003 + i for i in range(len(prompts))]
     out = {}

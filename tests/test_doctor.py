@@ -106,7 +106,7 @@ def test_start_examines_a_runs_checkpoint_with_the_runs_settings(tmp_path, monke
     from safetensors.torch import load_file
 
     from aisrl.checkpoint import checkpoint_dir
-    from aisrl.doctor import _subject
+    from aisrl.doctor import _run_checkpoint, _subject
     from aisrl.train_config import load_config
     from aisrl.trainer import build, train
 
@@ -116,7 +116,7 @@ def test_start_examines_a_runs_checkpoint_with_the_runs_settings(tmp_path, monke
     train(load_config("lab", [*TINY_LAB, "max_steps=2", "checkpoint_every=2", "eval_every=2", "lr=0.01",
                               f"output_dir={run}"]), log=lambda _: None)  # fmt: skip
     cfg = DoctorConfig(start=f"{run}:2", formats=["mxfp4_w4a4"], prompts=4, per_layer=True)
-    model, prompts, _ = _subject(cfg, None, None)
+    model, prompts, _ = _subject(cfg, None, None, _run_checkpoint(cfg))
     saved = load_file(checkpoint_dir(run, 2) / "model.safetensors")
     initial = build(load_config(str(run / "config.json")))[0].state_dict()
     assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())  # the checkpoint's weights
