@@ -117,8 +117,24 @@ def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
         if tc.max_steps <= cfg.step:
             raise ValueError(f"max_steps={tc.max_steps} leaves nothing to train after step {cfg.step}; "
                              "raise it with max_steps=...")  # fmt: skip
+        _check_branch_point(run, cfg.step, Path(tc.output_dir))
         out.append((salt, tc, args))
     return out
+
+
+def _branch_point(run: Path, step: int) -> dict:
+    return {"run": str(run.resolve()), "step": step}
+
+
+def _check_branch_point(run: Path, step: int, dst: Path) -> None:
+    """Refuse to resume a branch folder that was started from another run or step (its branch.json says which)."""
+    record = dst / "branch.json"
+    if not record.is_file():
+        return
+    was = json.loads(record.read_text())
+    if was != _branch_point(run, step):
+        raise ValueError(f"{dst} was branched from {was['run']} at step {was['step']}, not {run.resolve()} at step "
+                         f"{step}; use another out=, or delete {dst} to branch again")  # fmt: skip
 
 
 def start_from_checkpoint(run: Path, step: int, dst: Path) -> None:
@@ -131,6 +147,7 @@ def start_from_checkpoint(run: Path, step: int, dst: Path) -> None:
     atomic_write_text(dst / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
     if (run / "start.json").is_file():  # a branch starts, in the end, from the weights its run started from
         shutil.copyfile(run / "start.json", dst / "start.json")
+    atomic_write_text(dst / "branch.json", json.dumps(_branch_point(run, step)))
     atomic_write_text(dst / "checkpoints" / "latest", src.name)
 
 

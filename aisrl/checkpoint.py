@@ -24,6 +24,8 @@ import hashlib
 import json
 import os
 import shutil
+import stat
+import tempfile
 from pathlib import Path
 
 import torch
@@ -43,12 +45,18 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     the new one's bytes are on disk (fsync) before the rename, so a power loss cannot leave it empty."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # one per writer
+    try:
+        os.chmod(tmp, stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644)  # mkstemp's is 0600
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync(path.parent)  # the rename itself survives a power loss
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -184,9 +192,21 @@ def save_checkpoint(output_dir, step: int, model, optimizer, extra: dict, keep: 
     _fsync(pointer)
     os.replace(pointer, root / "latest")
     _fsync(root)
-    for old in sorted(p for p in root.glob("step_*") if p != final)[: -max(keep - 1, 0) or None]:
+    others = sorted(p for p in root.glob("step_*") if p != final and p.name[5:].isdigit())
+    later = [p for p in others if int(p.name[5:]) > step]  # an abandoned start's (`latest` deleted, or moved back)
+    earlier = [p for p in others if int(p.name[5:]) < step]
+    for old in later + earlier[: max(len(earlier) - max(keep - 1, 0), 0)]:  # keep this one and keep - 1 before it
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def latest_step(output_dir) -> int | None:
+    """The step of the checkpoint `latest` names, read from its folder name (None when there is none)."""
+    pointer = _dir(output_dir) / "latest"
+    if not pointer.exists():
+        return None
+    name = pointer.read_text().strip()
+    return int(name[5:]) if name.startswith("step_") and name[5:].isdigit() else None
 
 
 def latest_checkpoint(output_dir) -> Path | None:

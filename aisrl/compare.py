@@ -44,7 +44,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from aisrl.checkpoint import read_jsonl
+from aisrl.checkpoint import latest_step, read_jsonl
 from aisrl.report import TIMES
 
 REFERENCE = "reference"
@@ -226,9 +226,21 @@ def _check_runs(runs: list[Run], cfg: CompareConfig) -> None:
                                  f"re-run with the study's original overrides, or use a new out=")  # fmt: skip
 
 
+def finished(path: Path, max_steps: int) -> bool:
+    """Whether the run in `path` reached `max_steps` in its metrics, its latest checkpoint and its summary, so
+    the study need not start it again. Rows alone can run ahead of a checkpoint a crash cut short (the trainer drops
+    them on resume), and a summary can be left from an earlier, shorter finish of a run since extended."""
+    rows = run_rows(path)
+    if not rows or rows[-1]["step"] < max_steps or (latest_step(path) or 0) < max_steps:
+        return False
+    try:
+        return json.loads((path / "summary.json").read_text())["steps"] >= max_steps
+    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
+        return False
+
+
 def _done(run: Run, cfg: CompareConfig, max_steps: int) -> bool:
-    rows = run_rows(run.path(cfg.out))
-    return bool(rows) and rows[-1]["step"] >= max_steps and (run.path(cfg.out) / "summary.json").exists()
+    return finished(run.path(cfg.out), max_steps)
 
 
 def run_study(cfg: CompareConfig, log=print) -> dict:

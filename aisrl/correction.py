@@ -125,7 +125,7 @@ def _suffix_tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
 
 
 def _geo_mean_log(b: Batch) -> torch.Tensor:
-    return b.seq_log_w / b.seq_len.clamp(min=1.0)  # (N,) mean_t delta
+    return b.seq_log_w / b.products_len.clamp(min=1.0)  # (N,) mean_t delta, zero-probability tokens included
 
 
 def _geo_tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
@@ -161,8 +161,8 @@ KL_LEVELS = ("token", "seq_mean", "seq_sum", "seq_max")
 def _kl_reject(b: Batch, estimator: str, threshold: float = 0.05, level: str = "seq_mean"):
     if level not in KL_LEVELS:
         raise ValueError(f"unknown level {level!r} for {estimator}_reject; choose from {list(KL_LEVELS)}")
-    if threshold < 0:
-        raise ValueError(f"{estimator}_reject threshold must be >= 0, got {threshold}")
+    if not threshold >= 0:  # also refuses NaN, which would silently reject every token
+        raise ValueError(f"{estimator}_reject threshold must be a number >= 0, got {threshold}")
     d = b.delta
     k = {"k1": -d, "k2": 0.5 * d**2, "k3": (d.exp() - 1.0 - d).clamp(min=0.0)}[estimator]  # (N, T)
     k = torch.where(b.in_products, k, 0.0)  # a zero-probability token counts towards its sequence's KL
@@ -173,7 +173,7 @@ def _kl_reject(b: Batch, estimator: str, threshold: float = 0.05, level: str = "
             agg = k.abs().amax(-1) if k.shape[-1] else k.new_zeros(k.shape[:1])  # (N,)
         else:
             agg = k.sum(-1)
-            agg = agg / b.seq_len.clamp(min=1.0) if level == "seq_mean" else agg
+            agg = agg / b.products_len.clamp(min=1.0) if level == "seq_mean" else agg
         keep = b.mask & _per_seq(agg.abs() <= threshold)
     return torch.ones_like(d), keep, torch.zeros_like(keep), {}
 
@@ -277,7 +277,8 @@ def correct(
     valid = [o for o in options_of(name) if o != "estimator"]
     unknown = sorted(set(options) - set(valid))
     if unknown:
-        raise ValueError(f"correction {name!r} got unknown option(s) {unknown}; it accepts {valid}")
+        raise ValueError(f"correction {name!r} got unknown option(s) {unknown}; it accepts {valid}, plus "
+                         "normalize, metrics_only and veto (any correction)")
     b = prepare(old_logp, rollout_logp, mask)
     weights, keep, clipped, extra = CORRECTIONS[name](b, **options)
     if veto:  # whole sequences that hold a catastrophic token leave the loss, whatever the correction

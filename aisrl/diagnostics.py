@@ -10,15 +10,15 @@ is a Monte Carlo estimate under mu:
 - ESS/N = (sum W)^2 / (N sum W^2) (Kong 1992), computed in log space with a max-shift.
 - ppl of each side = exp(-token-mean log-prob); their ratio equals exp(k1).
 
-Robustness rules, applied once in `prepare` so every correction shares them: masked positions may
-hold anything (NaN, -inf) and never reach a statistic; a counted token whose log-ratio is NaN or whose
-trainer log-prob is not finite leaves the loss mask (counted in `nonfinite_frac`). A trainer log-prob of -inf
-with a finite rollout one (a token outside the trainer's top-k / top-p nucleus) is the extreme of mismatch, w = 0:
-its gradient is undefined, so it leaves the loss, but it stays in the products of ratios (`zero` marks it; its
-delta is -LOG_RATIO_CLAMP), so sequence-level weights, ESS, the prefix / suffix products and the veto see a
-sequence the trainer cannot produce (`zero_prob_frac`). Log-ratios are clamped to +-LOG_RATIO_CLAMP (so a rollout
-log-prob of -inf gives a huge weight that truncation caps), and every exponent of a sequence-level quantity
-is bounded by EXP_CLAMP, so no metric is NaN or inf.
+Robustness rules, applied once in `prepare` so every correction shares them: masked positions may hold anything
+(NaN, -inf) and never reach a statistic; a counted token whose log-ratio is NaN, whose trainer log-prob is not
+finite or whose rollout log-prob is +inf leaves the loss mask (counted in `nonfinite_frac`). A trainer log-prob of
+-inf with a finite rollout one (a token outside the trainer's top-k / top-p nucleus) is the extreme of mismatch,
+w = 0: its gradient is undefined, so it leaves the loss, but it stays in the products of ratios (`zero` marks it; its
+delta is -LOG_RATIO_CLAMP), so sequence-level weights, ESS, the prefix / suffix products and the veto see a sequence
+the trainer cannot produce (`zero_prob_frac`). Log-ratios are clamped to +-LOG_RATIO_CLAMP (so a rollout log-prob of
+-inf gives a huge weight that truncation caps), and every exponent of a sequence-level quantity is bounded by
+EXP_CLAMP, so no metric is NaN or inf.
 All sums go through `aisrl.dist` so sharded batches give the single-process values.
 """
 
@@ -51,11 +51,16 @@ class Batch:
     seq_mask: torch.Tensor  # (N,) bool: sequences with at least one counted token
     seq_log_w: torch.Tensor  # (N,) sum_t delta, the log sequence weight
     seq_len: torch.Tensor  # (N,) number of counted tokens
-    n_nonfinite: torch.Tensor  # () counted tokens dropped for NaN / -inf trainer log-prob
+    n_nonfinite: torch.Tensor  # () counted tokens dropped: NaN, non-finite trainer log-prob, +inf rollout log-prob
 
     @property
     def in_products(self) -> torch.Tensor:
         return self.mask | self.zero  # (N, T) the tokens a sequence-wide rule sees: counted, or of probability 0
+
+    @property
+    def products_len(self) -> torch.Tensor:
+        """(N,) number of tokens in `in_products`: the length a per-sequence mean of `delta` divides by."""
+        return self.in_products.sum(-1).to(self.delta.dtype)
 
     @property
     def w(self) -> torch.Tensor:
@@ -80,8 +85,9 @@ def prepare(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tens
     given = mask.detach().to(old.device).bool()
     raw = old - roll  # (N, T)
     # A counted token is unusable when either side is NaN, or the trainer gives it no probability
-    # (old_logp = -inf: its log-prob gradient is undefined). rollout_logp = -inf only makes w huge: clamped.
-    nan = (torch.isnan(raw) | ~torch.isfinite(old)) & given
+    # (old_logp = -inf: its log-prob gradient is undefined), or the rollout reports log-prob +inf (no log-prob
+    # of a sampled token can be positive, let alone infinite). rollout_logp = -inf only makes w huge: clamped.
+    nan = (torch.isnan(raw) | ~torch.isfinite(old) | (roll == math.inf)) & given
     impossible = given & (old == -math.inf) & ~torch.isnan(roll) & (roll > -math.inf)  # (N, T) w = 0 exactly
     keep = given & ~nan
     delta = torch.where(keep, raw.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), 0.0)  # (N, T)

@@ -229,7 +229,8 @@ def tbpo_loss(
     lens = m.sum(-1)  # (N,)
     seq_on = lens > 0  # (N,)
     a = _like(adv, logp)
-    a = (a * m).sum(-1) / lens.clamp(min=1) if a.dim() == 2 else a  # (N,)
+    if a.dim() == 2:  # per-token advantages: their masked mean; off-mask values (even NaN) never enter
+        a = torch.where(on, a, 0.0).mul(m).sum(-1) / lens.clamp(min=1)  # (N,)
     a = torch.where(seq_on, a, 0.0)
     d = torch.nan_to_num(torch.where(on, logp - _like(old_logp, logp), 0.0), nan=0.0)  # (N, T)
     seq_log_ratio = (d.sum(-1) / lens.clamp(min=1)).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)  # (N,)

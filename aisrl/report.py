@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from aisrl.checkpoint import read_jsonl
+from aisrl.checkpoint import atomic_write_text, read_jsonl
 
 
 def _mean(xs):
@@ -77,7 +77,7 @@ def write_report(out: str | Path) -> dict:
     out = Path(out)
     rows = read_jsonl(out / "metrics.jsonl")
     summary = summarize(rows)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))  # compare reads it as "this run is done"
     try:
         plot(rows, out / "report.png")
         summary["report"] = str(out / "report.png")

@@ -9,6 +9,7 @@ per step is printed (CI logs stay readable).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -53,6 +54,8 @@ class Tracker:
         row = as_numbers(row)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())  # on disk before a checkpoint of this step can be: no gap after a power loss
         if self.tb is not None:
             for k, v in row.items():
                 if isinstance(v, (int, float)) and k != "step" and v is not None:

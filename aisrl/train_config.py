@@ -2,14 +2,16 @@
 
     cfg = load_config("lab", ["max_steps=20", "correction.name=tis", "rollout.quant=none"])
 
-A preset is a name in aisrl/presets/ or a path to a YAML file; YAML is read with yaml.safe_load and its values
-are checked against the same field types as the overrides, so an unknown key or a wrong type fails with a
-message naming the key either way. `validate(cfg)` then checks what types cannot: names against their registries
-(corrections, losses, formats, devices) and the settings that cannot train together, before any model is built.
+A preset is a name in aisrl/presets/ or a path to a YAML file (read by a yaml.SafeLoader that refuses a key given
+twice) or to a run's config.json (read as JSON); its values are checked against the same field types as the
+overrides, so an unknown key or a wrong type fails with a message naming the key either way. `validate(cfg)` then
+checks what types cannot: names against their registries (corrections, losses, formats, devices) and the settings
+that cannot train together, before any model is built.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import typing
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from aisrl.config import apply_mapping, apply_overrides
 from aisrl.correction import CORRECTIONS, check_options, options_of
 from aisrl.lab import LabConfig
 from aisrl.losses import AGGREGATIONS, LOSSES
+from aisrl.models import TINY
 from aisrl.quant import quant_config
 from aisrl.rollout import SamplingParams
 from aisrl.tasks import check_task
@@ -33,7 +36,8 @@ DEFAULT_PRESET = "lab_columns"  # the main job (`make run`): what `aisrl train` 
 @dataclass
 class ModelConfig:
     name: str = "lab"
-    """'lab' (warm-started tiny model), 'smollm2', a tiny-* name or a local Hugging Face directory."""
+    """'lab' (warm-started tiny model), 'smollm2' or a local Hugging Face directory with its tokenizer (the tiny-*
+    test models have none, so they cannot be trained)."""
     kind: str = "causal"
     """'causal' (autoregressive LM) or 'diffusion' (masked-diffusion LM, LLaDA-style; see aisrl.diffusion)."""
 
@@ -211,10 +215,37 @@ class TrainConfig:
     lora: LoraSettings = field(default_factory=LoraSettings)
 
 
-def load_config(preset: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """TrainConfig from defaults, then a preset (name or YAML path), then `key=value` overrides."""
+def _read_preset(path: Path):
+    """A preset file's data: JSON (a run's recorded config.json) read exactly, YAML through a safe loader that
+    refuses a key given twice in one mapping (plain safe_load keeps the last silently)."""
     import yaml
 
+    text = path.read_text()
+    if path.suffix == ".json":
+        try:
+            return json.loads(text) or {}
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from e
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if key in seen:
+                    raise ValueError(f"{path}: key {key!r} is given twice (line {key_node.start_mark.line + 1}); "
+                                     "keep one")  # fmt: skip
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    try:
+        return yaml.load(text, Loader=UniqueKeys) or {}  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path} is not valid YAML: {e}") from e
+
+
+def load_config(preset: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """TrainConfig from defaults, then a preset (name or YAML path), then `key=value` overrides."""
     cfg = TrainConfig()
     if preset:
         path = Path(preset)
@@ -223,10 +254,7 @@ def load_config(preset: str | None = None, overrides: list[str] | None = None) -
         if not path.is_file():
             names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
             raise ValueError(f"unknown preset {preset!r}: not a YAML file and not one of {names}")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ValueError(f"{path} is not valid YAML: {e}") from e
+        data = _read_preset(path)
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a preset must be a mapping of config keys")
         try:
@@ -343,6 +371,9 @@ def validate(cfg: TrainConfig) -> None:
             raise ValueError(f"rollout.engine=static runs real FP8 GEMMs and cannot sample rollout.quant="
                              f"{cfg.rollout.quant!r}; use rollout.quant=none or one of {list(ENGINE_PRESETS)}, "
                              "or rollout.engine=hf, which emulates every format")  # fmt: skip
+    if cfg.model.name in TINY:
+        raise ValueError(f"model.name={cfg.model.name!r} is a tokenizer-less test model and cannot be trained; use "
+                         "model.name=lab (the warm-started tiny model), smollm2 or a local Hugging Face directory")
     if cfg.model.kind not in ("causal", "diffusion"):
         raise ValueError(f"unknown model.kind {cfg.model.kind!r}; choose from ['causal', 'diffusion']")
     if cfg.model.kind == "diffusion":

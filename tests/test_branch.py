@@ -51,6 +51,10 @@ def test_salt_zero_replays_the_run_and_another_salt_draws_other_samples(run, tmp
     before = (tmp_path / "b" / "salt1" / "metrics.jsonl").read_text()
     run_branches(BranchConfig(run=str(run), step=2, salts=[1], out=str(tmp_path / "b")), log=lambda _: None)
     assert (tmp_path / "b" / "salt1" / "metrics.jsonl").read_text() == before
+    # the same folder asked to branch from another step is refused, not silently resumed from step 2
+    other = BranchConfig(run=str(run), step=4, salts=[1], out=str(tmp_path / "b"), train=["max_steps=6"])
+    with pytest.raises(ValueError, match=r"salt1 was branched from .*run at step 2, not .*run at step 4; use another"):
+        branch_configs(other)
 
 
 def test_a_branch_can_change_settings_and_the_default_folder_names_them(run):

@@ -71,3 +71,36 @@ def test_mapping_fields_change_as_a_whole_and_sections_key_by_key():
     assert config_changes(old, cleared) == ["correction.options: {'low': 0.5} -> {}"]
     older = {"lr": 1e-3, "correction": {"name": "icepop"}}  # recorded before the fields existed: not a change
     assert config_changes(older, same) == []
+
+
+def test_atomic_write_leaves_no_temporary_file_and_keeps_the_mode(tmp_path):
+    import stat
+
+    from aisrl.checkpoint import atomic_write_text
+
+    f = tmp_path / "summary.json"
+    atomic_write_text(f, "one")
+    assert f.read_text() == "one" and stat.S_IMODE(f.stat().st_mode) == 0o644
+    f.chmod(0o600)
+    atomic_write_text(f, "two")
+    assert f.read_text() == "two" and stat.S_IMODE(f.stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_pruning_keeps_this_runs_previous_checkpoint_and_drops_an_abandoned_starts(tmp_path):
+    from aisrl.checkpoint import latest_checkpoint, latest_step, save_checkpoint
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in (10, 20):  # a first start, then `latest` deleted to start over
+        save_checkpoint(tmp_path, step, model, opt, {})
+    (tmp_path / "checkpoints" / "latest").unlink()
+    names = lambda: sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))  # noqa: E731
+    save_checkpoint(tmp_path, 5, model, opt, {})
+    assert names() == ["step_000005"] and latest_step(tmp_path) == 5
+    save_checkpoint(tmp_path, 15, model, opt, {})
+    assert names() == ["step_000005", "step_000015"]  # keep=2: this one and the one before
+    save_checkpoint(tmp_path, 25, model, opt, {})
+    assert names() == ["step_000015", "step_000025"] and latest_checkpoint(tmp_path).name == "step_000025"
+    save_checkpoint(tmp_path, 30, model, opt, {}, keep=1)
+    assert names() == ["step_000030"]

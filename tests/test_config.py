@@ -1,5 +1,5 @@
 import typing
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import pytest
 
@@ -100,10 +100,27 @@ def test_yaml_mappings_keep_their_types_and_are_checked_like_overrides(tmp_path)
                           ("rollout: {quantt: none}", "unknown config key 'rollout.quantt'"),
                           ("seed: 1.5", "'seed' expects int"),
                           ("lab: {target: [4e-1, 9e-1, 1e-1]}", r"'lab.target' expects .* got \[0.4, 0.9, '1e-1'\]"),
-                          ("lab: {target: [4e-1, abc]}", "'lab.target' expects")]:  # fmt: skip
+                          ("lab: {target: [4e-1, abc]}", "'lab.target' expects"),
+                          ("seed: 1\nlr: 0.1\nseed: 2", r"key 'seed' is given twice \(line 3\); keep one"),
+                          ("lab: {ops: '+', ops: '-'}", "key 'ops' is given twice")]:  # fmt: skip
         preset.write_text(text + "\n")
         with pytest.raises(ValueError, match=message):
             load_config(str(preset))
+
+
+def test_a_recorded_config_json_reads_back_exactly(tmp_path):
+    import json
+
+    from aisrl.train_config import load_config
+
+    cfg = load_config(None, ["task_options={'x': {'y': 1e-05}}", "lr=3e-5"])
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(asdict(cfg)))
+    back = load_config(str(path))
+    assert asdict(back) == asdict(cfg) and back.task_options == {"x": {"y": 1e-05}}
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="config.json is not valid JSON"):
+        load_config(str(path))
 
 
 def test_mapping_fields_take_dicts_with_text_keys(tmp_path):

@@ -329,10 +329,38 @@ def test_zero_probability_token_is_w_zero_in_every_product():
     for name, opts in [("seq_mask", {}), ("veto", {"threshold": 1e-3}), ("k3_reject", {"level": "seq_max"})]:
         res = correct(name, old, roll, mask, **opts)
         assert res.mask.tolist() == [[False] * 3, [True] * 3], name
+    # Geometric means divide by the tokens the products see, the zero-probability one included: sequence 0's
+    # mean log-ratio is (0 - 20 + 0) / 3, not / 2.
+    geo = math.exp(-LOG_RATIO_CLAMP / 3)
+    res = correct("geo_tis", old, roll, mask)
+    assert torch.allclose(res.weights[0], torch.tensor([geo, 0.0, geo]), rtol=1e-5, atol=0), res.weights[0]
+    k3_mean = (math.exp(-LOG_RATIO_CLAMP) - 1 + LOG_RATIO_CLAMP) / 3  # ~6.33
+    for threshold, kept in [(6.4, True), (6.3, False)]:
+        res = correct("k3_reject", old, roll, mask, level="seq_mean", threshold=threshold)
+        assert res.mask[0].tolist() == [kept, False, kept], threshold
+    assert 6.3 < k3_mean < 6.4
     # A NaN is not a zero probability: it stays neutral (w = 1) in the products.
     res = correct("seq_tis", old.nan_to_num(nan=0.0, neginf=float("nan")), roll, mask)
     close(res.metrics["zero_prob_frac"], 0.0)
     assert res.weights[0].tolist() == [1.0, 0.0, 1.0]
+
+
+def test_rollout_logp_of_plus_inf_is_unusable_not_a_tiny_weight():
+    # No sampled token has a positive log-prob; +inf from the engine is corrupt, so the token leaves the loss
+    # (like NaN) instead of entering it with w = exp(-20).
+    old = torch.full((1, 3), -1.0)
+    roll = torch.tensor([[-1.0, float("inf"), -1.0]])
+    res = correct("tis", old, roll, torch.ones(1, 3, dtype=torch.bool))
+    assert res.mask.tolist() == [[True, False, True]] and res.weights[0].tolist() == [1.0, 0.0, 1.0]
+    close(res.metrics["nonfinite_frac"], 1 / 3)
+    close(res.metrics["zero_prob_frac"], 0.0)
+
+
+def test_rejection_threshold_must_be_a_number():
+    old, roll, mask = torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool)
+    for bad in (float("nan"), -0.1):
+        with pytest.raises(ValueError, match="threshold must be a number >= 0"):
+            correct("k3_reject", old, roll, mask, threshold=bad)
 
 
 def test_restrict_recomputes_what_the_loss_keeps(batch):

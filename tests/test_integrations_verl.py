@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from aisrl.correction import correct
-from aisrl.integrations.verl import REQUIRED_SETTINGS, check_raw_weights, install, make_policy_loss
+from aisrl.integrations.verl import REQUIRED_SETTINGS, check_raw_weights, check_verl, install, make_policy_loss
 from aisrl.losses import grpo_loss
 
 
@@ -136,3 +136,29 @@ def test_verl_external_module_hook_registers_the_losses(tmp_path, verl_algos):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("aisrl_ais_policy_loss")
+
+
+def test_verl_older_than_the_interface_is_refused_with_the_version_needed():
+    from types import SimpleNamespace
+
+    def current(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+                rollout_is_weights=None):  # fmt: skip
+        pass
+
+    def before_oct_2025(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+                        rollout_log_probs=None):  # fmt: skip
+        pass
+
+    new = SimpleNamespace(compute_policy_loss_vanilla=current)
+    old = SimpleNamespace(compute_policy_loss_vanilla=before_oct_2025)
+    for algos, version in [(new, "0.7.0"), (new, "0.9.1.dev0"), (new, "1.0"), (new, "")]:
+        check_verl(algos, version)  # accepted
+    for algos, version in [(old, "0.5.0"), (old, "0.9.0"), (new, "0.6.1"), (SimpleNamespace(), "0.8.0")]:
+        with pytest.raises(ImportError, match=r"need verl >= 0\.7 .*pip install -U 'verl>=0\.7'"):
+            check_verl(algos, version)
+
+
+def test_installed_verl_passes_the_version_check(verl_algos):
+    from aisrl.integrations.verl import _verl_version
+
+    check_verl(verl_algos, _verl_version())

@@ -197,6 +197,11 @@ def test_tbpo_matches_its_formula_on_hand_made_inputs():
     w = torch.tensor([[2.0, 4.0, 100.0], [1.0, 1.0, 1.0], [0.5, 9.0, 9.0], [1.0, 1.0, 1.0]])
     lw, _ = tbpo_loss(logp.detach(), old, adv, mask, weights=w, dual_clip=3.0)
     assert lw.item() == pytest.approx((3.0 * l0 + l1 + 0.5 * l2) / 3, rel=1e-6)
+    # per-token advantages are averaged over the mask; off-mask values, even NaN or inf, never enter
+    adv_t = adv[:, None].expand(4, 3).clone()
+    adv_t[0, 2], adv_t[2, 1] = float("nan"), float("inf")
+    lt, _ = tbpo_loss(logp.detach(), old, adv_t, mask, clip=(0.2, 0.2), dual_clip=3.0)
+    assert lt.item() == pytest.approx(loss.item(), rel=1e-6)
     with pytest.raises(ValueError, match="agg must be 'seq-mean'"):
         tbpo_loss(logp, old, adv, mask, agg="token-mean")
 

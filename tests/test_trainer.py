@@ -205,6 +205,9 @@ save_checkpoint({str(tmp_path)!r}, 2, m, torch.optim.AdamW(m.parameters()), {{}}
         (["clip_low=1.5"], "config key 'clip_low' must be in [0, 1)"),
         (["kl_coef=-0.1"], "config key 'kl_coef' must be >= 0"),
         (["correction.name=tis", "correction.ema=0.9"], "correction 'tis' got unknown option(s) ['ema', 'prev_alpha']"),
+        (["correction.name=none", "correction.options={'low': 0.5}"],
+         "it accepts [], plus normalize, metrics_only and veto (any correction)"),
+        (["model.name=tiny-llama"], "model.name='tiny-llama' is a tokenizer-less test model and cannot be trained"),
     ],
 )
 def test_bad_config_fails_with_a_clear_message(args, message, capsys, monkeypatch):

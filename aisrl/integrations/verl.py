@@ -31,13 +31,25 @@ verl calls the loss once per micro-batch, and ranks may run different numbers of
 correction statistics (alpha and the diagnostics) are computed per micro-batch on each rank
 (`aisrl.dist.local_only`), not all-reduced, and an AIS `ema` smooths alpha over that rank's successive
 micro-batches (its time scale is in micro-batches, not steps). Workers must register the losses: set
-`VERL_USE_EXTERNAL_MODULES=aisrl.integrations.verl_plugin` (importing it calls install()), or call install()
-from your own plugin.
+`actor_rollout_ref.model.external_lib=aisrl.integrations.verl_plugin` (verl's workers import it when they build
+the model, on every node), or `VERL_USE_EXTERNAL_MODULES=aisrl.integrations.verl_plugin` in the environment of
+every worker (on a multi-node Ray cluster, through Ray's runtime environment), or call install() from your own
+plugin.
+
+With one mini-batch and one epoch verl's actor replaces old_log_prob by the current log_prob (they are equal at
+that point) after the weights were computed, so the recovered rollout_logp is shifted by that difference while
+the log-ratio the correction sees, log(w), is exact: weights, alpha and every ratio metric are right; only
+`rollout_ppl` and `ppl_diff` carry the shift.
+
+Needs verl >= 0.7: earlier versions call policy losses without `rollout_is_weights` or expect four return
+values; install() refuses them (`check_verl`).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
+import re
 
 import torch
 
@@ -54,6 +66,35 @@ REQUIRED_SETTINGS = (
     "algorithm.rollout_correction.bypass_mode=false",
     "actor_rollout_ref.rollout.calculate_log_probs=true",
 )
+
+
+MIN_VERL = (0, 7)
+"""verl's policy-loss interface the adapter implements: called with `rollout_is_weights=` (verl PRs #3694 and
+#3984), returning (loss, metrics) (PR #4062, released in 0.7.0)."""
+
+
+def check_verl(core_algos, version: str) -> None:
+    """Raise ImportError, naming the version needed, when verl's policy-loss interface is older than MIN_VERL."""
+    vanilla = getattr(core_algos, "compute_policy_loss_vanilla", None)
+    takes_weights = vanilla is not None and "rollout_is_weights" in inspect.signature(vanilla).parameters
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    too_old = m is not None and (int(m[1]), int(m[2])) < MIN_VERL
+    if not takes_weights or too_old:
+        need = ".".join(map(str, MIN_VERL))
+        raise ImportError(f"aisrl's verl losses need verl >= {need} (policy losses called with rollout_is_weights= "
+                          f"and returning (loss, metrics)); this is verl {version or '(unknown version)'}: "
+                          f"pip install -U 'verl>={need}'")  # fmt: skip
+
+
+def _verl_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("verl")
+    except PackageNotFoundError:  # a source checkout on sys.path
+        import verl
+
+        return str(getattr(verl, "__version__", ""))
 
 
 def _settings_error(what: str) -> ValueError:
@@ -135,9 +176,10 @@ def install(options: dict[str, dict] | None = None) -> list[str]:
     """Register "ais" and "aisrl_<name>" for every aisrl correction in verl's policy-loss registry; returns the
     names. `options` maps a correction name to its keyword options, e.g. {"ais": {"cap": 2.0, "ema": 0.9}}."""
     try:
-        from verl.trainer.ppo.core_algos import register_policy_loss
+        from verl.trainer.ppo import core_algos
     except ImportError as e:
         raise ImportError("aisrl.integrations.verl.install() needs verl: pip install verl") from e
+    check_verl(core_algos, _verl_version())
     options = options or {}
     for key in options:
         if key not in CORRECTIONS:
@@ -146,6 +188,6 @@ def install(options: dict[str, dict] | None = None) -> list[str]:
     for name in CORRECTIONS:
         fn = make_policy_loss(name, **options.get(name, {}))
         for alias in (["ais"] if name == "ais" else []) + [f"aisrl_{name}"]:
-            register_policy_loss(alias)(fn)
+            core_algos.register_policy_loss(alias)(fn)
             names.append(alias)
     return names
