@@ -110,6 +110,20 @@ def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
     return x.exp() - x - 1.0
 
 
+def _ref_k3(ref_logp: torch.Tensor | None, logp: torch.Tensor, on: torch.Tensor):
+    """(kl_ref, skipped): per-token k3 of KL(pi || pi_ref), 0 off the mask, and the (N, T) bool of counted tokens
+    left out of it because the policy or the reference gives them log-prob -inf (or NaN). With top-k / top-p both
+    are truncated distributions, and a sampled token can fall outside either's support as the policy moves: its
+    log-ratio is infinite, k3 would be exp(20) after clamping, and its gradient 0 (the -inf is constant), so the
+    token would swamp the loss and its logged value while pulling on nothing. It is skipped and counted instead."""
+    if ref_logp is None:
+        return torch.zeros_like(logp), torch.zeros_like(on)
+    r = _like(ref_logp, logp)
+    finite = torch.isfinite(r) & torch.isfinite(logp.detach())
+    kl_ref = _k3(torch.where(on & finite, r - logp, 0.0))  # (N, T)
+    return kl_ref, on & ~finite
+
+
 def clipped_surrogate(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -173,16 +187,14 @@ def grpo_loss(
     pg, ratio, log_ratio, clipped, dual = clipped_surrogate(logp, old_logp, adv, on, clip, dual_clip)
     if weights is not None:
         pg = pg * torch.where(on, _like(weights, logp), 0.0)
-    per_tok = pg
-    kl_ref = torch.zeros_like(pg)
-    if ref_logp is not None:
-        kl_ref = _k3(torch.where(on, _like(ref_logp, logp) - logp, 0.0))  # (N, T) k3 of KL(pi || pi_ref)
-        per_tok = per_tok + kl_coef * kl_ref
+    kl_ref, kl_skipped = _ref_k3(ref_logp, logp, on)  # (N, T) k3 of KL(pi || pi_ref)
+    per_tok = pg + kl_coef * kl_ref if ref_logp is not None else pg
     loss = _masked_aggregate(per_tok, m, agg, horizon) * world_size()
     with torch.no_grad():
-        n, s_clip, s_dual, s_ratio, s_k3, s_kl_ref, s_pg = all_sum(
+        n, s_clip, s_dual, s_ratio, s_k3, s_kl_ref, s_pg, s_skip = all_sum(
             _s(m.double()), _s(clipped.double()), _s(dual.double()), _s(ratio.double(), on),
             _s((ratio - 1 - log_ratio).double(), on), _s(kl_ref.double(), on), _s(pg.double(), on),
+            _s(kl_skipped.double()),
         )  # fmt: skip
         (loss_global,) = all_sum(loss.detach().double())
         metrics = {
@@ -193,6 +205,7 @@ def grpo_loss(
             "ratio_mean": _div(s_ratio, n),
             "approx_kl": _div(s_k3, n),
             "kl_ref": _div(s_kl_ref, n),
+            "kl_ref_skipped_frac": _div(s_skip, n),
         }
     return loss, {k: v.float() for k, v in metrics.items()}
 
@@ -248,18 +261,18 @@ def tbpo_loss(
         l_seq = l_seq * omega
     n_seq, n_tok = all_sum(_s(seq_on.double()), _s(m.double()))
     loss = torch.where(seq_on, l_seq, 0.0).sum() / n_seq.clamp(min=1).to(l_seq.dtype)
-    kl_ref = torch.zeros_like(d)
+    kl_ref, kl_skipped = _ref_k3(ref_logp, logp, on)  # (N, T)
     if ref_logp is not None:
-        kl_ref = _k3(torch.where(on, _like(ref_logp, logp) - logp, 0.0))  # (N, T)
         kl_seq = (kl_ref * m).sum(-1) / lens.clamp(min=1)  # (N,): per sequence, so micro-batches accumulate exactly
         loss = loss + kl_coef * kl_seq.sum() / n_seq.clamp(min=1).to(l_seq.dtype)
     loss = loss * world_size()
     with torch.no_grad():
         sums = all_sum(_s(band.double()), _s(dual.double()), _s(s.double(), seq_on), _s(_k3(d).double(), on),
-                       _s(kl_ref.double(), on), loss.detach().double())  # fmt: skip
+                       _s(kl_ref.double(), on), loss.detach().double(), _s(kl_skipped.double()))  # fmt: skip
         metrics = {"loss": sums[5] / world_size(), "pg_clip_frac": _div(sums[0], n_seq),
                    "pg_dual_clip_frac": _div(sums[1], n_seq), "ratio_mean": _div(sums[2], n_seq),
-                   "approx_kl": _div(sums[3], n_tok), "kl_ref": _div(sums[4], n_tok)}  # fmt: skip
+                   "approx_kl": _div(sums[3], n_tok), "kl_ref": _div(sums[4], n_tok),
+                   "kl_ref_skipped_frac": _div(sums[6], n_tok)}  # fmt: skip
     return loss, {k: v.float() for k, v in metrics.items()}
 
 

@@ -13,19 +13,27 @@ Extra cost: K / G times the rollout work, reported as time_rollout.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
 def select_extremes(rewards: torch.Tensor, pool: int, keep: int) -> torch.Tensor:
     """Indices into `rewards` ((B * pool,), grouped by prompt) of the keep // 2 lowest and keep - keep // 2
     highest rewards of each prompt's pool, in prompt order (a stable sort: among equal rewards the low end takes
-    earlier candidates, the high end later ones)."""
+    earlier candidates, the high end later ones). A NaN reward (a candidate that could not be scored) is taken only
+    when fewer than `keep` candidates of its pool were scored."""
     if rewards.dim() != 1 or rewards.numel() % pool:
         raise ValueError(f"rewards must be (B * pool,) with pool={pool}; got shape {tuple(rewards.shape)}")
     if not 2 <= keep <= pool:
         raise ValueError(f"keep must be in [2, pool={pool}], got {keep}")
     r = rewards.view(-1, pool)  # (B, K)
-    order = torch.sort(r, dim=1, stable=True).indices  # (B, K) ascending
     low, high = keep // 2, keep - keep // 2
+    rows = []
+    for values in r.tolist():  # ascending and stable, with the candidates that could not be scored (NaN) in the
+        scored = sorted((i for i, v in enumerate(values) if not math.isnan(v)), key=values.__getitem__)
+        cut = min(low, len(scored))  # middle: never an extreme while enough candidates were scored
+        rows.append(scored[:cut] + [i for i, v in enumerate(values) if math.isnan(v)] + scored[cut:])
+    order = torch.tensor(rows, dtype=torch.long).view(-1, pool)  # (B, K)
     chosen = torch.cat([order[:, :low], order[:, pool - high :]], dim=1)  # (B, keep)
     return (chosen + torch.arange(r.shape[0])[:, None] * pool).reshape(-1)

@@ -200,7 +200,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     """Max gradient norm (0 = off)."""
     kl_coef: float = 0.0
-    """Coefficient of the k3 KL to the initial policy (0 = no reference model)."""
+    """Coefficient of the k3 KL to the initial policy (0 = no reference model). With top-k / top-p a sampled token
+    outside either policy's truncated support has no finite KL term: it is left out, and counted in
+    kl_ref_skipped_frac."""
     eval_every: int = 10
     """Held-out greedy accuracy every this many steps (and at the end)."""
     eval_problems: int = 80

@@ -259,8 +259,10 @@ def train(cfg: TrainConfig, log=print) -> dict:
         # 2. rewards and group advantages
         scored = task_rewards(task, tok, r, problems)
         rewards = torch.tensor([s[0] for s in scored])
-        reward_sum, n_correct, n_samples, n_tokens = all_sum(
-            rewards.sum().double(),
+        scorable = torch.isfinite(rewards)  # a NaN reward (a reward function that could not score) gets advantage 0
+        reward_sum, n_scored, n_correct, n_samples, n_tokens = all_sum(
+            rewards[scorable].sum().double(),
+            scorable.sum().double(),
             torch.tensor(sum(s[1] for s in scored), dtype=torch.float64),
             torch.tensor(len(scored), dtype=torch.float64),
             r.completion_mask.sum().double(),
@@ -323,7 +325,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
         # 5. weight sync into the rollout copy
         t["time_sync"] = sync(merged_state(model))
         prev_alpha = res.metrics["alpha"].item() if "alpha" in res.metrics else None
-        row = {"step": step, **row, "reward": reward_sum / n_samples, "accuracy": n_correct / n_samples,
+        row = {"step": step, **row, "reward": reward_sum / n_scored.clamp(min=1),
+               "reward_nan_frac": 1.0 - n_scored / n_samples, "accuracy": n_correct / n_samples,
                "completion_len": n_tokens / n_samples, "alpha": prev_alpha, **res.metrics, **calibration,
                **loss_metrics, **t}  # fmt: skip
         if step % cfg.eval_every == 0 or step == cfg.max_steps:

@@ -174,3 +174,49 @@ def test_settings_the_rollout_copy_cannot_honour_are_refused(tmp_path):
     first, _ = trainer._generate_single_turn(prompts, None, {}, 1)
     second, _ = trainer._generate_single_turn(prompts, None, {}, 1)
     assert first != second
+
+
+def test_a_rollout_func_is_a_source_of_rollout_log_probs(tmp_path):
+    # TRL requires a rollout_func to return the sampled tokens' "logprobs", with or without vLLM: the correction
+    # runs on them. One that returns logprobs=None gets an error that says so, not a KeyError.
+    from aisrl.rollout import SamplingParams, generate
+
+    model, tok, ds = tiny_setup()
+    calls = []
+
+    def rollout_func(prompts, trainer, logprobs=True):
+        ids = [tok(p)["input_ids"] for p in prompts]
+        r = generate(model, ids, SamplingParams(6, 1.0), pad_id=tok.pad_token_id, eos_id=list(trainer.eos_token_ids))
+        m = r.completion_mask
+        calls.append(r)
+        return {"prompt_ids": ids, "completion_ids": [r.completion_ids[i][m[i]].tolist() for i in range(len(ids))],
+                "logprobs": [r.rollout_logp[i][m[i]].tolist() for i in range(len(ids))] if logprobs else None}
+
+    kw = {"reward_funcs": reward_w5, "args": grpo_args(tmp_path), "train_dataset": ds, "processing_class": tok}
+    tr = AISGRPOTrainer(model=model, correction="tis", rollout_func=rollout_func, **kw)
+    batch = [{"prompt": p} for p in ds["prompt"][:2] for _ in range(4)]
+    tr.model.train()  # metrics of training batches land in "train"
+    out = tr._generate_and_score_completions(batch)
+    r = calls[-1]  # the generator is the model itself: its log-probs are the trainer's, every TIS weight is 1
+    assert out["advantages"].shape == r.completion_mask.shape
+    assert tr._metrics["train"]["aisrl/k3_kl"][-1] < 1e-8 and tr._metrics["train"]["aisrl/weight_mean"][-1] == 1.0
+    tr2 = AISGRPOTrainer(model=model, correction="tis", rollout_func=lambda p, t: rollout_func(p, t, False), **kw)
+    with pytest.raises(ValueError, match="came without them .*rollout_func that returned logprobs=None"):
+        tr2._generate_and_score_completions(batch)
+
+
+def test_a_rollout_copy_is_refused_when_the_trainer_shards_the_weights(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import aisrl.integrations.trl as adapter
+
+    state = lambda stage: SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=stage)))  # noqa: E731
+    assert adapter._shards_parameters(SimpleNamespace(is_fsdp_enabled=True, accelerator=state(None)))
+    assert adapter._shards_parameters(SimpleNamespace(is_deepspeed_enabled=True, accelerator=state(3)))
+    assert not adapter._shards_parameters(SimpleNamespace(is_deepspeed_enabled=True, accelerator=state(2)))
+    assert not adapter._shards_parameters(SimpleNamespace(accelerator=SimpleNamespace(state=SimpleNamespace())))
+    model, tok, ds = tiny_setup()
+    monkeypatch.setattr(adapter, "_shards_parameters", lambda trainer: True)
+    with pytest.raises(ValueError, match="FSDP / DeepSpeed ZeRO-3 shard them"):
+        AISGRPOTrainer(model=model, reward_funcs=reward_w5, args=grpo_args(tmp_path), train_dataset=ds,
+                       processing_class=tok, rollout_quant="fp8_e4m3_w8a8")  # fmt: skip

@@ -251,3 +251,26 @@ def test_bf16_log_probs_keep_the_weights_exact(loss_fn):
     assert loss.item() == pytest.approx(-w.mean().item(), rel=1e-6)  # -A mean_t(w_t r_t) at r = 1: -1.000750
     loss.backward()
     assert logp.grad.dtype == torch.bfloat16 and torch.isfinite(logp.grad.float()).all()
+
+
+@pytest.mark.parametrize("loss_name", ["grpo", "tbpo"])
+def test_reference_kl_skips_tokens_outside_a_truncated_support(loss_name):
+    # top-k = 2: the trainer's processed distribution gives token 2 of the second position no probability, so its
+    # log-prob is -inf; its k3 would be exp(20) with a zero gradient. It leaves the KL term and is counted instead.
+    from aisrl.losses import LOSSES
+    from aisrl.rollout import SamplingParams, process_logits
+
+    logits = torch.tensor([[[0.3, 1.0, -0.5], [0.3, 1.0, -0.5]]], requires_grad=True)  # (1, 2, V)
+    logp = process_logits(logits, SamplingParams(top_k=2)).gather(-1, torch.tensor([[[1], [2]]])).squeeze(-1)
+    assert torch.isfinite(logp[0, 0]) and logp[0, 1] == -math.inf
+    old, ref = logp.detach().clone(), torch.tensor([[-0.9, -1.1]])
+    old[0, 1] = -1.2
+    mask, adv = torch.ones(1, 2, dtype=torch.bool), torch.tensor([1.0])
+    loss, m = LOSSES[loss_name](logp, old, adv, mask, ref_logp=ref, kl_coef=0.05)
+    loss.backward()
+    x = ref[0, 0].item() - logp[0, 0].item()
+    assert m["kl_ref"].item() == pytest.approx((math.exp(x) - x - 1) / 2, rel=1e-5)  # token 1's k3 over 2 tokens
+    assert m["kl_ref_skipped_frac"].item() == 0.5
+    assert torch.isfinite(loss) and loss.abs().item() < 10 and torch.isfinite(logits.grad).all()
+    no_ref, m0 = LOSSES[loss_name](logp.detach(), old, adv, mask)
+    assert m0["kl_ref_skipped_frac"].item() == 0.0

@@ -17,6 +17,11 @@ def test_select_extremes_keeps_bottom_and_top_per_prompt():
     idx = select_extremes(rewards, pool=6, keep=4)
     assert idx.tolist() == [2, 0, 1, 5, 10, 6, 9, 11]  # 2 lowest then 2 highest of each prompt
     assert select_extremes(rewards, pool=6, keep=3).tolist() == [2, 1, 5, 10, 9, 11]
+    # candidates that could not be scored (NaN) are never taken as extremes: they sort with the pool's median
+    nan = float("nan")
+    r = torch.tensor([nan, 0.0, 2.0, 1.0, nan, 3.0])
+    assert select_extremes(r, pool=6, keep=4).tolist() == [1, 3, 2, 5]
+    assert select_extremes(torch.full((4,), nan), pool=4, keep=2).tolist() == [0, 3]  # nothing scored: any
     with pytest.raises(ValueError, match="keep must be in"):
         select_extremes(rewards, pool=6, keep=7)
     with pytest.raises(ValueError, match="pool=5"):

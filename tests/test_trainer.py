@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -548,3 +549,22 @@ def test_kl_to_a_frozen_copy_of_the_starting_model(tmp_path, monkeypatch):
     first, *later = rows(tmp_path)
     assert abs(first["kl_ref"]) < 1e-6  # the first step samples the reference itself
     assert all(r["kl_ref"] > 1e-6 for r in later)  # then the policy leaves it, and the copy stays behind
+
+
+def test_rewards_that_could_not_be_scored_are_counted_not_averaged(tmp_path, monkeypatch):
+    # a reward function that returns NaN for some completions: they get advantage 0, the logged reward is the mean
+    # of the scored ones, and reward_nan_frac says how many were not scored
+    import aisrl.trainer
+
+    batches, real = [], aisrl.trainer.task_rewards
+    monkeypatch.setattr("aisrl.trainer.task_rewards", lambda *a: batches.append(real(*a)) or batches[-1])
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward",
+                        lambda self, text, p: (float("nan") if len(text) % 2 else float(len(text) % 3), False))
+    out = tmp_path / "nan"
+    train(load_config("lab", [*TINY, "max_steps=1", "rollout.quant=none", f"output_dir={out}"]), log=lambda _: None)
+    (row,) = rows(out)
+    (step,) = [[v for v, _ in b] for b in batches if len(b) == 16]  # the training batch: 4 prompts x 4 samples
+    scored = [v for v in step if not math.isnan(v)]
+    assert 0 < len(scored) < 16
+    assert row["reward_nan_frac"] == pytest.approx(1 - len(scored) / 16)
+    assert row["reward"] == pytest.approx(sum(scored) / len(scored)) and math.isfinite(row["loss"])

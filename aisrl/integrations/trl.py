@@ -14,16 +14,17 @@ generation batch in `_generate_and_score_completions`, right after TRL scores it
     -> correct(name, old_logp, rollout_logp, mask) -> advantages * weights * mask, metrics logged as aisrl/*
 Masked tokens keep their place in TRL's loss denominators, as in TRL's own masking modes.
 
-Rollout log-probs come from one of two sources: vLLM (`use_vllm=True`: TRL collects them; TRL's own
-correction is switched off so that only ours applies), or `rollout_quant=` (any hardware, CPU included): a
+Rollout log-probs come from one of three sources: vLLM (`use_vllm=True`: TRL collects them; TRL's own
+correction is switched off so that only ours applies), a `rollout_func` (TRL requires it to return the sampled
+tokens' "logprobs"), or `rollout_quant=` (any hardware, CPU included): a
 copy of the policy quantised with `aisrl.quant.quantize_`, re-synced from the trainer's weights whenever the
 optimiser has stepped, samples the completions with `aisrl.rollout.generate`, which returns the log-probs of
 the distribution it sampled from. TRL's trainer log-probs apply the temperature and no filter, so both paths need
 top_p = 1 and no top_k / min_p: the copy refuses them, vLLM gets a warning.
 
-The adapter overrides three of GRPOTrainer's private methods (`_generate_single_turn`,
-`_generate_and_score_completions`, `_get_per_token_logps_and_entropies`' inputs), so it is pinned to TRL 1.x and
-tested with 1.16.
+The adapter overrides two of GRPOTrainer's private methods (`_generate_single_turn` and
+`_generate_and_score_completions`) and calls a third (`_get_per_token_logps_and_entropies`), so it is pinned to
+TRL 1.x and tested with 1.16.
 """
 
 from __future__ import annotations
@@ -78,6 +79,14 @@ def _check_rollout_copy_settings(model, args, kwargs) -> None:
                          "not apply them, so the importance ratios would be biased)")  # fmt: skip
 
 
+def _shards_parameters(trainer) -> bool:
+    """Whether the Trainer shards the model's parameters (FSDP, or DeepSpeed ZeRO stage 3)."""
+    if getattr(trainer, "is_fsdp_enabled", False):
+        return True
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    return bool(getattr(trainer, "is_deepspeed_enabled", False) and plugin is not None and plugin.zero_stage == 3)
+
+
 class AISGRPOTrainer(GRPOTrainer):
     """`trl.GRPOTrainer` plus three keyword arguments.
 
@@ -96,21 +105,22 @@ class AISGRPOTrainer(GRPOTrainer):
         check_options(correction, **(correction_options or {}))  # now, not after the first generation
         train_args = kwargs.get("args") or (args[1] if len(args) > 1 else None)
         use_vllm = bool(getattr(train_args, "use_vllm", False))
+        own_sampler = use_vllm or kwargs.get("rollout_func") is not None  # reports the log-probs it sampled with
         if correction != "none" and getattr(train_args, "loss_type", None) == "vespo":
             raise ValueError("loss_type='vespo' builds its own weights from TRL's ratio, which the adapter's "
                              "per-token advantages do not reach; use another loss_type (grpo, bnpo, dr_grpo, dapo, "
                              "cispo, sapo, luspo) or correction='none'")  # fmt: skip
-        if use_vllm and correction != "none":
+        if own_sampler and correction != "none":
             filters = {k: v for k, v in _sampling_filters(train_args).items() if k in ("top_p", "top_k", "min_p")}
             if filters:
-                warnings.warn(f"{filters}: vLLM's processed log-probs include these filters and TRL's trainer "
+                warnings.warn(f"{filters}: the sampler's processed log-probs include these filters and TRL's trainer "
                               "log-probs do not, so every importance ratio is biased (w < 1 on the kept tokens); "
                               "sample with temperature only for an exact correction", stacklevel=2)  # fmt: skip
-        if rollout_quant is None and not use_vllm and correction != "none":
+        if rollout_quant is None and not own_sampler and correction != "none":
             raise ValueError(
                 f"correction {correction!r} needs the log-probs the rollouts were sampled with: pass "
                 "rollout_quant='fp8_e4m3_w8a8' (or another aisrl.quant preset, or 'none') to generate with an "
-                "aisrl rollout copy, or use vLLM (GRPOConfig(use_vllm=True))"
+                "aisrl rollout copy, use vLLM (GRPOConfig(use_vllm=True)), or pass a rollout_func that returns them"
             )
         if rollout_quant is not None:
             _check_rollout_copy_settings(model, train_args, kwargs)
@@ -130,6 +140,10 @@ class AISGRPOTrainer(GRPOTrainer):
                 quantize_(self._rollout, qc)
         super().__init__(model, *args, **kwargs)
         if self._rollout is not None:
+            if _shards_parameters(self):
+                raise ValueError("rollout_quant re-quantises the trainer's full weights into a local copy every step, "
+                                 "and FSDP / DeepSpeed ZeRO-3 shard them across processes; use vLLM "
+                                 "(use_vllm=True) or DDP / ZeRO-1/2 with rollout_quant")  # fmt: skip
             self._rollout.to(self.accelerator.device)  # the Trainer placed the policy; the copy follows it
         if use_vllm and correction != "none":
             self._check_vllm_logprobs_mode()
@@ -173,6 +187,10 @@ class AISGRPOTrainer(GRPOTrainer):
         out = super()._generate_and_score_completions(inputs)
         if self._aisrl["name"] == "none" and "sampling_per_token_logps" not in out:
             return out
+        if "sampling_per_token_logps" not in out:  # TRL sets it only when the sampler reported log-probs
+            raise ValueError(f"correction {self._aisrl['name']!r} needs the log-probs the rollouts were sampled with, "
+                             "and this batch came without them (a rollout_func that returned logprobs=None?); return "
+                             "the sampled tokens' log-probs, or use correction='none'")  # fmt: skip
         mask = out["completion_mask"] * out["tool_mask"] if "tool_mask" in out else out["completion_mask"]
         rollout_logp = out["sampling_per_token_logps"]  # (N, T), 0 where padded
         old_logp = out.get("old_per_token_logps")
