@@ -31,6 +31,7 @@ carry most of a 4-bit format's mismatch; `aisrl mismatch ... per_layer=true` (ai
 from __future__ import annotations
 
 import fnmatch
+import math
 import time
 from dataclasses import dataclass, replace
 
@@ -59,7 +60,9 @@ def fake_float(x: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 def _amax_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
-    return torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+    """amax / qmax, and 1 for an all-zero group; a NaN or inf amax stays non-finite, so a non-finite value makes its
+    whole group NaN (as on the hardware) instead of silently rescaling the group's finite values."""
+    return torch.where(amax == 0, torch.ones_like(amax), amax / qmax)
 
 
 def _blocks(w: torch.Tensor, rows: int, cols: int):
@@ -72,8 +75,9 @@ def _blocks(w: torch.Tensor, rows: int, cols: int):
 
 
 def quantize_fp8(w: torch.Tensor, fmt: str = "e4m3", granularity: str = "channel", block: int = 128):
-    """Fake-quantise a weight (O, I) to FP8 with tensor / channel / block scales."""
+    """Fake-quantise a weight (O, I) to FP8 with tensor / channel / block scales (computed in FP32)."""
     qmax = FLOAT_FORMATS[fmt][3]
+    w = w.float()
     if granularity == "tensor":
         s = _amax_scale(w.abs().amax(), qmax)
         return fake_float(w / s, fmt) * s
@@ -88,8 +92,9 @@ def quantize_fp8(w: torch.Tensor, fmt: str = "e4m3", granularity: str = "channel
 
 
 def quantize_int(w: torch.Tensor, bits: int, group: int | None = None) -> torch.Tensor:
-    """Symmetric integer fake-quant along the last dim: per row, or per group of `group` columns."""
+    """Symmetric integer fake-quant along the last dim: per row, or per group of `group` columns (in FP32)."""
     qmax = 2 ** (bits - 1) - 1
+    w = w.float()
     if group:
         b, undo = _blocks(w, 1, group)
         s = _amax_scale(b.abs().amax(dim=-1, keepdim=True), qmax)
@@ -99,27 +104,30 @@ def quantize_int(w: torch.Tensor, bits: int, group: int | None = None) -> torch.
 
 
 def quantize_mxfp4(w: torch.Tensor, block: int = 32) -> torch.Tensor:
-    """MXFP4: E2M1 elements, one power-of-two (E8M0) scale per `block` consecutive values."""
-    b, undo = _blocks(w, 1, block)
+    """MXFP4: E2M1 elements, one power-of-two (E8M0) scale per `block` consecutive values (OCP MX v1.0: shared
+    exponent floor(log2 amax) - 2, within E8M0's [-127, 127]; a block holding inf or NaN is NaN, E8M0's NaN)."""
+    b, undo = _blocks(w.float(), 1, block)
     amax = b.abs().amax(dim=-1, keepdim=True)
-    exp = torch.frexp(amax.clamp(min=2.0**-126)).exponent - 3  # floor(log2 amax), exactly, minus emax of E2M1 (2)
-    s = torch.exp2(exp.to(amax.dtype))
+    exp = (torch.frexp(amax).exponent - 3).clamp(-127, 127)  # floor(log2 amax), exactly, minus emax of E2M1 (2)
+    s = torch.where(torch.isfinite(amax), torch.exp2(exp.to(amax.dtype)), torch.full_like(amax, math.nan))
     return undo(fake_float(b / s, "e2m1") * s)
 
 
 def quantize_nvfp4(w: torch.Tensor, block: int = 16, per_row: bool = False) -> torch.Tensor:
     """NVFP4: E2M1 elements, an FP8 E4M3 scale per `block` values, under one FP32 tensor scale (per row with
     per_row=True: activations, so a token's quantisation never depends on the other tokens of the batch)."""
+    w = w.float()
     amax = w.abs().amax(dim=-1, keepdim=True) if per_row else w.abs().amax()
     g = _amax_scale(amax, 448.0 * 6.0)  # the second-level scale, so block scales fit E4M3
     b, undo = _blocks(w / g, 1, block)
     s = fake_float(_amax_scale(b.abs().amax(dim=-1, keepdim=True), 6.0), "e4m3")
-    s = torch.where(s > 0, s, torch.ones_like(s))
+    s = torch.where(s == 0, torch.ones_like(s), s)  # an all-zero block; a NaN one stays NaN
     return undo(fake_float(b / s, "e2m1") * s) * g
 
 
 def quantize_act(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Dynamic per-token activation fake-quant (one scale per row of the last dim)."""
+    """Dynamic per-token activation fake-quant (one scale per row of the last dim), in FP32."""
+    x = x.float()
     if fmt == "int8":
         return quantize_int(x, 8)
     s = _amax_scale(x.abs().amax(dim=-1, keepdim=True), FLOAT_FORMATS[fmt][3])

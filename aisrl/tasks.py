@@ -9,7 +9,8 @@ d1 (Zhao et al. 2025) and the AIS paper's GRPO setup:
 
 so rewards lie in {0, 0.5, 1.0, 1.5}; `accuracy` counts correctness only. Procedural tasks are generated
 from a seed and never download anything. Train and held-out problems never overlap: a problem's split is
-decided by a hash of its text (1 in 8 is held out), so the two splits are disjoint by construction.
+decided by a hash of its text, or of what identifies it where several texts state one problem (`Task.split_key`:
+Countdown's numbers in any order), 1 in 8 held out, so the two splits are disjoint by construction.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class Problem:
 def extract_answer(completion: str) -> str | None:
     """The text of the answer block if the completion has the required format, else None."""
     m = FORMAT_RE.match(completion)
-    if not m or any(tag in m.group(1) + m.group(2) for tag in ("<reasoning>", "<answer>", "</answer>")):
+    tags = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")  # a stray one means text outside the blocks
+    if not m or any(tag in m.group(1) + m.group(2) for tag in tags):
         return None  # exactly one reasoning block and one answer block
     return m.group(2).strip()
 
@@ -77,6 +79,10 @@ class Task:
     def generate(self, rng: random.Random) -> Problem:
         raise NotImplementedError
 
+    def split_key(self, problem: Problem) -> str:
+        """What decides a problem's split and its distinctness: its text, unless several texts state one problem."""
+        return problem.question
+
     def check(self, answer: str, problem: Problem) -> bool:
         raise NotImplementedError
 
@@ -87,9 +93,10 @@ class Task:
         rng, out, seen = random.Random(seed), [], set()
         for _ in range(200 * n + 1000):
             p = self.generate(rng)
-            if p.question in seen or _split_of(p.question) != split:
+            key = self.split_key(p)
+            if key in seen or _split_of(key) != split:
                 continue
-            seen.add(p.question)
+            seen.add(key)
             out.append(p)
             if len(out) == n:
                 return out
@@ -104,6 +111,11 @@ class Task:
             return (CORRECT_POINTS if correct else 0.0), correct
         correct = self.check(answer, problem)
         return FORMAT_POINTS + (CORRECT_POINTS if correct else 0.0), correct
+
+
+_NUMBER = r"-?\d[\d,]*(?:\.\d+)?"
+_WORDED_NUMBER = re.compile(rf"(?:[A-Za-z ,.:;'%$]*[ ,.:;'%$])?({_NUMBER})(?:[ ,.:;'%$][A-Za-z ,.:;'%$]*)?")
+"""One number among plain words and punctuation: `18 dollars`, `It is 18.`, `$1,000`."""
 
 
 def _int_or_none(s: str) -> int | None:
@@ -200,6 +212,9 @@ class Countdown(Task):
         q = f"Use {' '.join(map(str, nums))} to make {target}"
         return Problem(q, expr, f"{expr}={target}", {"numbers": nums, "target": target})
 
+    def split_key(self, problem):  # "Use 3 5 7 to make 22" and "Use 5 3 7 to make 22" are one puzzle
+        return f"{sorted(problem.meta['numbers'])} -> {problem.meta['target']}"
+
     def check(self, answer, problem):
         res = _safe_eval(answer)
         if res is None:
@@ -295,6 +310,8 @@ class JsonlMath(Task):
 
     Answers are compared with math-verify when installed (`pip install math-verify`, or `aisrl[math]`: symbolic
     equivalence, so `\\frac{1}{2}` matches `0.5` and `x^2+1` matches `1+x^2`), else as integers or exact text.
+    Where the reference is a plain number, an answer that is one number among plain words (`18 dollars`, `It is
+    1,000.`) is read as that number: as LaTeX, math-verify would take the words for a product of variables.
     """
 
     name = "jsonl"
@@ -316,6 +333,9 @@ class JsonlMath(Task):
     def check(self, answer, problem):
         if answer.strip() == problem.answer.strip():
             return True
+        worded = _WORDED_NUMBER.fullmatch(answer.strip())
+        if worded and re.fullmatch(_NUMBER, problem.answer.strip()):
+            answer = worded.group(1).replace(",", "")
         try:
             from math_verify import parse, verify
         except ImportError:
@@ -334,7 +354,10 @@ class ReasoningGym(Task):
     """One of reasoning-gym's procedural generators (Stojanovski et al. 2025; `pip install reasoning-gym`, or
     `aisrl[gym]`), by its name (`chain_sum`, `leg_counting`, `mini_sudoku`, ...) and its own options. Problems
     come from code, as ours do; an answer counts as correct when the generator's own `score_answer` gives it
-    full marks (some generators give partial credit, which counts as wrong here)."""
+    full marks (some generators give partial credit, which counts as wrong here). Many of those scorers evaluate
+    the answer (eval, sympy), so an answer that reads as Python code (`__`, `import`, `os`, ...) or runs past
+    MAX_GYM_ANSWER characters scores 0 without reaching them, and one with a power operator is scored in a child
+    process killed after 5 seconds."""
 
     name = "reasoning_gym"
 
@@ -383,7 +406,43 @@ class ReasoningGym(Task):
         raise ValueError(f"reasoning-gym generator {self.generator!r} could not produce {n} distinct {split} problems")
 
     def check(self, answer, problem):
+        # Many generators score with eval / sympy's parse_expr on the answer: model text must not reach them as code
+        # (`__import__('os')...`), nor as a power tower that never finishes (`9**9**9**9`, uninterruptible in C).
+        if len(answer) > MAX_GYM_ANSWER or _CODE_LIKE.search(answer):
+            return False
+        if _POWER.search(answer):  # rare in answers: scored in a child process that is killed after the limit
+            return _score_in_child(self._scorer.score_answer, answer, problem.meta["entry"]) >= 1.0
         return self._scorer.score_answer(answer, problem.meta["entry"]) >= 1.0
+
+
+MAX_GYM_ANSWER = 2000
+"""Longest reasoning-gym answer handed to a generator's scorer (characters); longer ones score 0."""
+_CODE_LIKE = re.compile(r"__|\b(?:import|lambda|exec|eval|compile|open|globals|locals|getattr|setattr|delattr|vars|"
+                        r"breakpoint|input|os|sys|subprocess|builtins)\b")  # fmt: skip
+_POWER = re.compile(r"\*\*|\^|\bpow\b")
+
+
+def _score_in_child(score, answer: str, entry: dict, timeout: float = 5.0) -> float:
+    """score(answer, entry) in a forked process, 0.0 if it has not returned within `timeout` seconds (the child is
+    killed) or fails."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+
+    def run():
+        try:
+            send.send(float(score(answer, entry)))
+        except Exception:  # noqa: BLE001 - a scorer that fails on odd text gives no credit
+            send.send(0.0)
+
+    child = ctx.Process(target=run, daemon=True)
+    child.start()
+    send.close()
+    value = recv.recv() if recv.poll(timeout) else 0.0
+    child.kill()
+    child.join()
+    return value
 
 
 TASKS = {

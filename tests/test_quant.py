@@ -312,3 +312,49 @@ def test_bad_keep_lists_fail_with_the_pattern_and_the_layer_names():
     for bad in ("blocks.0.attn", ("",), (3,)):
         with pytest.raises(ValueError, match="keep must be a list of non-empty module-name patterns"):
             quant_config("int4", keep=bad)
+
+
+def test_non_finite_values_poison_their_own_group_only_and_never_rescale_others():
+    from aisrl.quant import quantize_fp8, quantize_mxfp4, quantize_nvfp4
+
+    inf, nan = float("inf"), float("nan")
+    # MXFP4 (OCP MX v1.0): a block holding inf or NaN has E8M0 scale NaN, so the whole block is NaN
+    for bad in (inf, nan):
+        w = torch.zeros(2, 32)
+        w[0, :3] = torch.tensor([bad, 1.0, 0.3])
+        w[1, :2] = torch.tensor([1.0, 0.3])
+        q = quantize_mxfp4(w)
+        assert q[0].isnan().all()
+        assert q[1, :2].tolist() == [1.0, 0.25]  # scale 2^(0 - 2): 1.0 -> 4 * 2^-2; 0.3 -> 1 * 2^-2 (nearest E2M1)
+    # a per-tensor scale over a NaN is NaN: every value is NaN, not rescaled by a fallback scale of 1
+    q = quantize_fp8(torch.tensor([[nan, 0.0], [1000.0, 0.001]]), "e4m3", "tensor")
+    assert q.isnan().all()
+    q = quantize_nvfp4(torch.tensor([[nan] + [1.0] * 15, [1.0] * 16]))
+    assert q.isnan().all()
+    # per-channel scales keep a NaN in its own row
+    q = quantize_fp8(torch.tensor([[nan, 1.0], [2.0, 1.0]]), "e4m3", "channel")
+    assert q[0].isnan().all() and q[1].tolist() == [2.0, 1.0]
+
+
+def test_mxfp4_scale_stays_within_e8m0():
+    from aisrl.quant import quantize_mxfp4
+
+    # amax 1e-39: floor(log2) = -130, minus 2 is -132, clamped to E8M0's smallest exponent -127.
+    # 1e-39 / 2^-127 = 0.170, below half of E2M1's smallest step 0.5 (0.25): it rounds to 0
+    w = torch.zeros(1, 32)
+    w[0, 0] = 1e-39
+    assert quantize_mxfp4(w)[0, 0].item() == 0.0
+    w[0, 0] = 3 * 2.0**-127  # exactly representable at the smallest scale: E2M1 3 x 2^-127
+    assert quantize_mxfp4(w)[0, 0].item() == 3 * 2.0**-127
+
+
+def test_bf16_inputs_are_quantised_in_fp32():
+    from aisrl.quant import quantize_act, quantize_fp8, quantize_int, quantize_nvfp4
+
+    x = torch.tensor([[5.0, 1.0]])
+    for fn in (lambda t: quantize_int(t, 8), lambda t: quantize_fp8(t, "e4m3", "channel"), quantize_nvfp4,
+               lambda t: quantize_act(t, "e4m3")):  # fmt: skip
+        got, ref = fn(x.to(torch.bfloat16)), fn(x)
+        assert got.dtype == torch.float32 and torch.equal(got, ref)
+    # INT8: scale 5/127, 1.0 / scale = 25.4 -> level 25 -> 25 * 5/127 = 0.98425 (bf16 arithmetic gave level 26)
+    assert quantize_int(x.to(torch.bfloat16), 8)[0, 1].item() == pytest.approx(25 * 5 / 127, rel=1e-6)

@@ -204,3 +204,51 @@ def test_without_math_verify_answers_compare_as_integers_or_text(monkeypatch):
     t = JsonlMath.__new__(JsonlMath)
     assert t.check("1,000", Problem("q", "1000")) and t.check(" x^2+1", Problem("q", "x^2+1"))
     assert not t.check("0.5", Problem("q", r"\frac{1}{2}")) and not t.check("999", Problem("q", "1000"))
+
+
+def test_reasoning_gym_answers_never_reach_a_scorer_as_code_or_as_an_endless_power(tmp_path):
+    pytest.importorskip("reasoning_gym")
+    import time
+
+    from aisrl.tasks import _score_in_child
+
+    task = make_task("reasoning_gym", generator="countdown")  # its scorer parses answers with sympy (eval)
+    p = task.problems("train", 1, seed=0)[0]
+    marker = tmp_path / "ran"
+    attack = f"__import__('os').system('touch {marker}') or 0"
+    assert task.reward(wrap(attack), p) == (0.5, False) and not marker.exists()
+    assert task.reward(wrap(p.answer), p) == (1.5, True)
+    assert task.reward(wrap("2**3"), p) == (0.5, False)  # a power is scored, in a child process
+    # a scorer that never returns is killed after the limit and gives no credit
+    t0 = time.perf_counter()
+    assert _score_in_child(lambda a, e: time.sleep(60) or 1.0, "9**9**9**9", {}, timeout=0.5) == 0.0
+    assert time.perf_counter() - t0 < 5
+    assert _score_in_child(lambda a, e: 1.0, "2**3", {}) == 1.0
+    assert _score_in_child(lambda a, e: 1 / 0, "2**3", {}) == 0.0
+
+
+def test_text_outside_the_blocks_gets_no_format_points():
+    from aisrl.tasks import extract_answer
+
+    assert extract_answer("<reasoning>a</reasoning><answer>71</answer>") == "71"
+    for text in ("<reasoning>a</reasoning> junk </reasoning><answer>71</answer>",
+                 "<reasoning>a</reasoning></reasoning><answer>71</answer>"):  # fmt: skip
+        assert extract_answer(text) is None
+
+
+def test_countdown_splits_hold_no_puzzle_twice_in_another_order():
+    task = make_task("countdown")
+    key = lambda p: (tuple(sorted(p.meta["numbers"])), p.meta["target"])  # noqa: E731
+    train, test = task.problems("train", 2000, seed=0), task.problems("test", 200, seed=1)
+    assert not {key(p) for p in train} & {key(p) for p in test}
+    assert len({key(p) for p in train}) == len(train)
+
+
+def test_a_numeric_answer_among_plain_words_is_that_number():
+    from aisrl.tasks import JsonlMath, Problem
+
+    task = JsonlMath.__new__(JsonlMath)  # check() needs no file
+    for gold, answer, right in [("18", "18 dollars", True), ("1000", "1,000 dollars", True), ("18", "It is 18.", True),
+                                ("-18", "It is -18", True), ("18", "17 dollars", False), ("18", "18 and 19", False),
+                                ("18", "18x", False), ("x+1", "x + 1", True)]:  # fmt: skip
+        assert task.check(answer, Problem("q", gold)) is right, (gold, answer)
