@@ -200,20 +200,23 @@ def save_checkpoint(output_dir, step: int, model, optimizer, extra: dict, keep: 
     return final
 
 
+def _latest_name(output_dir) -> str | None:
+    """The checkpoint folder name `latest` points at (None when there is no pointer)."""
+    pointer = _dir(output_dir) / "latest"
+    return pointer.read_text().strip() if pointer.exists() else None
+
+
 def latest_step(output_dir) -> int | None:
     """The step of the checkpoint `latest` names, read from its folder name (None when there is none)."""
-    pointer = _dir(output_dir) / "latest"
-    if not pointer.exists():
-        return None
-    name = pointer.read_text().strip()
-    return int(name[5:]) if name.startswith("step_") and name[5:].isdigit() else None
+    name = _latest_name(output_dir)
+    return int(name[5:]) if name and name.startswith("step_") and name[5:].isdigit() else None
 
 
 def latest_checkpoint(output_dir) -> Path | None:
-    pointer = _dir(output_dir) / "latest"
-    if not pointer.exists():
+    name = _latest_name(output_dir)
+    if name is None:
         return None
-    path = _dir(output_dir) / pointer.read_text().strip()
+    pointer, path = _dir(output_dir) / "latest", _dir(output_dir) / name
     if not (path / "state.pt").exists() or not (path / "model.safetensors").exists():
         raise FileNotFoundError(f"{pointer} names {path.name}, which is incomplete or missing; restore it or delete "
                                 f"{pointer} to start over")  # fmt: skip

@@ -239,10 +239,6 @@ def finished(path: Path, max_steps: int) -> bool:
         return False
 
 
-def _done(run: Run, cfg: CompareConfig, max_steps: int) -> bool:
-    return finished(run.path(cfg.out), max_steps)
-
-
 def run_study(cfg: CompareConfig, log=print) -> dict:
     """Run what is missing (resuming interrupted runs), then aggregate; returns the aggregate dict."""
     from aisrl.train_config import load_config
@@ -250,7 +246,7 @@ def run_study(cfg: CompareConfig, log=print) -> dict:
     runs = plan(cfg)
     base = load_config(cfg.preset, cfg.train)  # validates the shared overrides once
     _check_runs(runs, cfg)
-    todo = [r for r in runs if (not cfg.only or r.group in cfg.only) and not _done(r, cfg, base.max_steps)]
+    todo = [r for r in runs if (not cfg.only or r.group in cfg.only) and not finished(r.path(cfg.out), base.max_steps)]
     if cfg.jobs > 0 and todo:
         log(f"compare: {len(todo)} of {len(runs)} runs to do, {cfg.jobs} at a time, in {cfg.out}")
         if base.model.name == "lab":  # build the cached warm start once, before runs race to build it
@@ -332,10 +328,10 @@ def _evaluate_finals(cfg: CompareConfig, runs: list[Run], max_steps: int, log) -
     if not supported(load_config(cfg.preset, cfg.train)):
         log("compare: final-model scores need full-parameter causal runs (no LoRA, no diffusion); skipped")
         return
-    finished = [r for r in runs if (not cfg.only or r.group in cfg.only) and _done(r, cfg, max_steps)]
-    for i, run in enumerate(finished, 1):
+    done = [r for r in runs if (not cfg.only or r.group in cfg.only) and finished(r.path(cfg.out), max_steps)]
+    for i, run in enumerate(done, 1):
         if i == 1 or i % 10 == 0:
-            log(f"compare: scoring final models, {i}/{len(finished)}")
+            log(f"compare: scoring final models, {i}/{len(done)}")
         try:
             evaluate_final(run.path(cfg.out), load_config(cfg.preset, run.overrides(cfg)), cfg.final_samples)
         except (OSError, ValueError, RuntimeError) as e:  # one broken run must not sink a finished study

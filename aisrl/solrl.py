@@ -30,10 +30,11 @@ def select_extremes(rewards: torch.Tensor, pool: int, keep: int) -> torch.Tensor
     r = rewards.view(-1, pool)  # (B, K)
     low, high = keep // 2, keep - keep // 2
     rows = []
-    for values in r.tolist():  # ascending and stable, with the candidates that could not be scored (NaN) in the
+    for values in r.tolist():  # ascending and stable, with unscored (NaN) candidates after the lowest `low`
+        unscored = [i for i, v in enumerate(values) if math.isnan(v)]
         scored = sorted((i for i, v in enumerate(values) if not math.isnan(v)), key=values.__getitem__)
-        cut = min(low, len(scored))  # middle: never an extreme while enough candidates were scored
-        rows.append(scored[:cut] + [i for i, v in enumerate(values) if math.isnan(v)] + scored[cut:])
+        cut = min(low, len(scored))  # so they are extremes only when too few candidates were scored
+        rows.append(scored[:cut] + unscored + scored[cut:])
     order = torch.tensor(rows, dtype=torch.long).view(-1, pool)  # (B, K)
     chosen = torch.cat([order[:, :low], order[:, pool - high :]], dim=1)  # (B, keep)
     return (chosen + torch.arange(r.shape[0])[:, None] * pool).reshape(-1)
