@@ -135,9 +135,11 @@ def config_changes(recorded: dict, config: dict, free: tuple[str, ...] = RESUMAB
 def record_config(output_dir: str | Path, config: dict, write: bool = True) -> None:
     """Record `config` as the run's on its first start (`write`: this process may write it); on a later start,
     raise ValueError if it differs from the record in any key but RESUMABLE ones, and record the new values of
-    those. Every other key of the record stays as it was, including keys this version no longer has."""
+    those. Every other key of the record stays as it was, including keys this version no longer has. A record
+    without a checkpoint (a run that failed before its first save: an out-of-memory first step, say) holds no
+    weights to continue, so a new start replaces it."""
     path = Path(output_dir) / "config.json"
-    if not path.exists():
+    if not path.exists() or _latest_name(output_dir) is None:
         if write:
             atomic_write_text(path, json.dumps(config, indent=1))
         return

@@ -39,12 +39,10 @@ def _mismatch(args) -> int:
 
 
 def _train_config(args):
-    """TrainConfig from `[PRESET] [key=value ...]`; a first argument containing '=' is an override, not a preset."""
+    """TrainConfig from `[PRESET] [key=value ...]`."""
     from aisrl.train_config import DEFAULT_PRESET, load_config
 
-    preset, overrides = args.preset, list(args.overrides)
-    if preset and "=" in preset:
-        preset, overrides = None, [preset, *overrides]
+    preset, overrides = _preset_and_overrides(args)
     return load_config(preset or DEFAULT_PRESET, overrides)
 
 
@@ -70,7 +68,7 @@ def _compare(args) -> int:
     from aisrl.compare_report import table
     from aisrl.config import apply_overrides
 
-    cfg = CompareConfig(preset=args.preset if args.preset and "=" not in args.preset else "lab")
+    cfg = CompareConfig(preset=_preset_and_overrides(args)[0] or "lab")
     own, train = _study_args(args, CompareConfig)
     apply_overrides(cfg, own)
     cfg.train += train
@@ -84,7 +82,7 @@ def _study_args(args, config_cls) -> tuple[list[str], list[str]]:
     """Split `[PRESET] key=value ...` into the study's own keys (fields of config_cls) and training overrides."""
     import dataclasses
 
-    items = [args.preset, *args.overrides] if args.preset and "=" in args.preset else list(args.overrides)
+    items = _preset_and_overrides(args)[1]
     own = {f.name for f in dataclasses.fields(config_cls)}
     return [o for o in items if o.split("=", 1)[0] in own], [o for o in items if o.split("=", 1)[0] not in own]
 
@@ -95,10 +93,10 @@ def _branch(args) -> int:
     from aisrl.config import apply_overrides
 
     cfg = BranchConfig()
-    own, cfg.train = _study_args(args, BranchConfig)
+    own, train = _study_args(args, BranchConfig)
     apply_overrides(cfg, own)
-    if args.preset and "=" not in args.preset:
-        cfg.preset = args.preset
+    cfg.train += train  # bare training keys add to a train=[...] list, as in compare
+    cfg.preset = _preset_and_overrides(args)[0] or cfg.preset
     result = run_branches(cfg)
     print(table(result))
     return 0
@@ -117,17 +115,17 @@ def _run_config(args, log=print):
     recorded = Path(cfg.output_dir) / "config.json"
     if not recorded.is_file():
         return cfg
-    overrides = [a for a in (args.preset, *args.overrides) if a and "=" in a]
+    preset, overrides = _preset_and_overrides(args)
     try:
         run_cfg = load_config(str(recorded), overrides)
     except ValueError as e:
         log(f"aisrl: note: {recorded} does not load with this version ({e}); scoring with the preset's settings")
         return cfg
-    if args.preset and "=" not in args.preset:
+    if preset:
         changes = config_changes(dataclasses.asdict(run_cfg), dataclasses.asdict(cfg))
         if changes:
             log(f"aisrl: note: scoring with the settings the run recorded ({recorded}), not those of preset "
-                f"{args.preset!r}; they differ in {'; '.join(changes)} (run's value -> preset's)")  # fmt: skip
+                f"{preset!r}; they differ in {'; '.join(changes)} (run's value -> preset's)")  # fmt: skip
     return run_cfg
 
 
@@ -162,6 +160,24 @@ def _eval(args) -> int:
     return 0
 
 
+def _is_override(arg: str) -> bool:
+    """Whether a first argument is a `key=value` override rather than a preset: a path to an existing file (a
+    branch's folder may hold '=' in its name) or a name with a YAML/JSON suffix is a preset."""
+    import re
+    from pathlib import Path
+
+    key = arg.split("=", 1)[0]
+    is_file = Path(arg).is_file() or arg.endswith((".yaml", ".yml", ".json"))
+    return "=" in arg and not is_file and re.fullmatch(r"[A-Za-z_][\w.]*", key) is not None
+
+
+def _preset_and_overrides(args) -> tuple[str | None, list[str]]:
+    """`[PRESET] [key=value ...]`: the preset (None if the first argument is an override) and the overrides."""
+    if args.preset and _is_override(args.preset):
+        return None, [args.preset, *args.overrides]
+    return args.preset, list(args.overrides)
+
+
 def _keys_help(cls, note: str) -> str:
     """The epilog of a command's --help: every key of its config dataclass with its default and documentation."""
     import textwrap
@@ -178,14 +194,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="aisrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="run a benchmark").add_subparsers(dest="bench", required=True)
+    from aisrl.bench.estimator import EstimatorBenchConfig
+    from aisrl.doctor import DoctorConfig
+
+    raw = argparse.RawDescriptionHelpFormatter
     est = bench.add_parser(
         "estimator",
         help="exact-gradient MSE of the mismatch corrections on an enumerable policy (docs/ais.md section 3)",
+        epilog=_keys_help(EstimatorBenchConfig, "Keys (key=value):"), formatter_class=raw,
     )
     est.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. batches=100 seed=1")
     est.add_argument("--out", help="JSON output path (default runs/estimator/estimator.json)")
     est.set_defaults(func=_bench_estimator)
-    mis = sub.add_parser("mismatch", help="the mismatch doctor: rollout-vs-trainer metrics per precision format")
+    mis = sub.add_parser("mismatch", help="the mismatch doctor: rollout-vs-trainer metrics per precision format",
+                         epilog=_keys_help(DoctorConfig, "Keys (key=value; model, formats, task, preset also as "
+                                                         "options):"), formatter_class=raw)  # fmt: skip
     mis.add_argument("--model", help="smollm2 (the default), a tiny-* model or a local HF directory")
     mis.add_argument("--formats", help="comma-separated presets from aisrl.quant.PRESETS")
     mis.add_argument("--task", help="prompt source (default arithmetic)")
@@ -213,7 +236,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("preset", nargs="?", help=f"preset name (aisrl/presets) or YAML file; default: {default}")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. max_steps=20 correction.name=tis")
         p.set_defaults(func=fn)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and getattr(args, "overrides", None) is not None and all("=" in x for x in extra):
+        args.overrides = [*args.overrides, *extra]  # overrides after an option (`mismatch a=1 --model m b=2`)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,

@@ -36,6 +36,7 @@ benchmarks/results/ and a table in BENCHMARKS.md.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -189,6 +190,11 @@ def plan(cfg: CompareConfig) -> list[Run]:
         raise ValueError("nothing to compare: give at least one seed and one method (or reference=true)")
     if cfg.jobs < 0:
         raise ValueError(f"jobs must be >= 0 (runs trained at a time; 0 trains nothing and aggregates), got {cfg.jobs}")
+    for key in ("seeds", "methods", "formats"):
+        values = getattr(cfg, key)
+        if len(set(values)) != len(values):
+            twice = sorted({v for v in values if values.count(v) > 1}, key=str)
+            raise ValueError(f"{key} lists {twice} more than once: each would be the same run in the same folder")
     runs = []
     if cfg.reference:
         ref = reference_format(cfg)  # once: it may read the recorded runs' configs
@@ -261,8 +267,8 @@ def run_study(cfg: CompareConfig, log=print) -> dict:
 
     if result["mixed_starts"]:
         log(f"compare: WARNING seeds {result['mixed_starts']} hold runs that started from different weights "
-            "(start.json differs; a warm start rebuilt on another machine?), so their pairs are not like for "
-            "like. Train the runs of a seed from one warm start (AISRL_CACHE), on one kind of CPU.")  # fmt: skip
+            "(start.json differs; a warm start rebuilt on another machine?), so they are left out of the paired "
+            "differences. Train the runs of a seed from one warm start (AISRL_CACHE), on one kind of CPU.")  # fmt: skip
     write_json(Path(cfg.out) / "compare.json", result)
     from aisrl.compare_report import plot, publish
 
@@ -338,24 +344,29 @@ def _evaluate_finals(cfg: CompareConfig, runs: list[Run], max_steps: int, log) -
             log(f"compare: could not score {run.group} seed {run.seed} ({e}); its final-model scores stay empty")
 
 
+def _finite(xs: list) -> list[float]:
+    """The numbers of a series (None, NaN and inf left out: a non-finite row must not decide a summary)."""
+    return [x for x in xs if x is not None and math.isfinite(x)]
+
+
 def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
-    xs = [x for x in xs if x is not None]
+    xs = _finite(xs)
     if not xs:
         return None, None
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None)  # one seed: no spread
 
 
 def _fifths(vals: list) -> tuple[float | None, float | None]:
-    """Means of the first and the last fifth of a per-step series (None values skipped)."""
+    """Means of the first and the last fifth of a per-step series (None and non-finite values skipped)."""
     n = max(1, len(vals) // 5)
     return _mean_std(vals[:n])[0], _mean_std(vals[-n:])[0]
 
 
 def _accuracies(rows: list[dict], name: str) -> dict:
     """Greedy accuracy `name` ('eval': held-out, 'fit': training prompts) at the start, the end and its best."""
-    evals = [r[f"{name}_accuracy"] for r in rows if f"{name}_accuracy" in r]
-    start = rows[0].get(f"{name}_accuracy_start") if rows else None
-    best = max([a for a in [start, *evals] if a is not None], default=None)
+    evals = _finite([r.get(f"{name}_accuracy") for r in rows])
+    start = (_finite([rows[0].get(f"{name}_accuracy_start")]) or [None])[0] if rows else None
+    best = max(_finite([start, *evals]), default=None)
     return {f"{name}_start": start, f"{name}_final": evals[-1] if evals else None, f"{name}_best": best}
 
 
@@ -372,7 +383,7 @@ def summarize_run(rows: list[dict], collapse_fraction: float, fall: float = 0.08
         "seconds_per_step": total,
         "time_share": {k: v / total for k, v in times.items()},
     }
-    accuracy = [r["accuracy"] for r in rows if r.get("accuracy") is not None]  # share of correct samples
+    accuracy = _finite([r.get("accuracy") for r in rows])  # share of correct samples
     smooth = _smooth(accuracy, 10)
     peak = max(smooth[9:] or smooth, default=0.0)  # full 10-step windows only (an early partial one is noise)
     late = _fifths(accuracy)[1]
@@ -387,7 +398,7 @@ def summarize_run(rows: list[dict], collapse_fraction: float, fall: float = 0.08
 
 def _corr(xs: list, ys: list) -> float | None:
     """Pearson correlation over the steps where both are numbers (None if undefined)."""
-    pairs = [(x, y) for x, y in zip(xs, ys, strict=True) if x is not None and y is not None]
+    pairs = [(x, y) for x, y in zip(xs, ys, strict=True) if _finite([x]) and _finite([y])]
     if len(pairs) < 3:
         return None
     try:
@@ -411,7 +422,7 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
             g["runs"][str(run.seed)] = summarize_run(rows[:max_steps], cfg.collapse_fraction, cfg.fall)
             g["runs"][str(run.seed)]["start"] = run_start(run.path(cfg.out))
             if cfg.final_samples > 0:  # only scores of this checkpoint and these settings
-                g["runs"][str(run.seed)].update(cached_scores(run.path(cfg.out), cfg.final_samples) or {})
+                g["runs"][str(run.seed)].update(cached_scores(run.path(cfg.out), cfg.final_samples, max_steps) or {})
         else:
             g["missing"].append(run.seed)
     for g in groups.values():
@@ -431,13 +442,15 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
         if keep and not g["reference"]:
             g["label"] = f"{g['format']} keeping {', '.join(keep)}"
     ref = groups.get(REFERENCE, {}).get("runs", {})
-    for g in groups.values():  # paired by seed: same prompts and sampling seeds as the reference run
-        seeds = [s for s in g["runs"] if s in ref]
+    mixed = mixed_starts(groups)
+    for g in groups.values():  # paired by seed: same prompts, sampling seeds and starting weights as the reference
+        seeds = [s for s in g["runs"] if s in ref and int(s) not in mixed]
+        g["paired_seeds"] = sorted(int(s) for s in seeds)
         g["reward_vs_reference"] = _mean_std([_last_fifth(g["runs"][s]) - _last_fifth(ref[s]) for s in seeds])
         both = [s for s in seeds if "policy_reward" in g["runs"][s] and "policy_reward" in ref[s]]
         g["policy_vs_reference"] = _mean_std([g["runs"][s]["policy_reward"] - ref[s]["policy_reward"] for s in both])
     return {"config": asdict(cfg), "max_steps": max_steps, "machine": machine(), "groups": groups,
-            "mixed_starts": mixed_starts(groups)}  # fmt: skip
+            "mixed_starts": mixed}  # fmt: skip
 
 
 def mixed_starts(groups: dict[str, dict]) -> list[int]:

@@ -51,12 +51,25 @@ def table(result: dict) -> str:
             f"| {_pm(g['eval_start'])} | {_pm(g['eval_final'])} | {_pm(g['eval_best'])} | {g['collapses']}/{n} "
             f"| {g.get('falls', 0)}/{n} "
             f"| {_pm(g['fit_start'])} | {_pm(g['fit_final'])} | {_pm(g['reward_last_fifth'], 1, 3)} "
-            f"| {_pm(g.get('reward_vs_reference', (None, None)), 1, 3)} "
+            f"| {_pm(g.get('reward_vs_reference', (None, None)), 1, 3)}{_pairs(g, n)} "
             f"| {_arrow(g, 'alpha')} | {_arrow(g, 'k3_kl', 2)} "
             f"| {_arrow(g, 'ess')} | {g['time_share']['time_rollout'] * 100:.0f}% "
             f"| {g['seconds_per_step'][0]:.2f} |"
         )
+    missing = [f"{_rollout(g)} {g['method']}: {g['missing']}" for g in result["groups"].values() if g["missing"]]
+    if missing:
+        lines.append(f"\nSeeds not finished, left out of every cell: {'; '.join(missing)}.")
+    if result.get("mixed_starts"):
+        lines.append(f"\nSeeds {result['mixed_starts']} hold runs that started from different weights: they are left "
+                     "out of the paired differences.")  # fmt: skip
     return "\n".join(lines)
+
+
+def _pairs(g: dict, n: int) -> str:
+    """How many seeds the paired difference rests on, where fewer than the group's runs."""
+    k = len(g.get("paired_seeds", []))
+    paired = not g["reference"] and g.get("reward_vs_reference", (None,))[0] is not None
+    return f" ({k} pairs)" if paired and k != n else ""
 
 
 def final_table(result: dict) -> str:

@@ -169,12 +169,22 @@ def _float_text(value, typ):
     return value
 
 
+_SPAN = re.compile(r"\[\s*(-?\d+)\s*,\s*\.\.\.\s*,\s*(-?\d+)\s*\]")  # [a,...,b] in a list of integers
+
+
 def _from_text(key: str, text: str, typ):
     """Parse override text guided by the field type: strings stay text (`name=none` is the string
-    'none'), lists accept unquoted items (`methods=[none,tis]`), `none` sets an optional field to None."""
+    'none'), lists accept unquoted items (`methods=[none,tis]`), a list of integers a span (`seeds=[0,...,9]`),
+    `none` sets an optional field to None."""
     origin, args = typing.get_origin(typ), typing.get_args(typ)
     if typ is str:
         return text[1:-1] if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" else text
+    span = _SPAN.fullmatch(text)
+    if origin is list and args == (int,) and span:  # seeds=[0,...,9]: every integer from the first to the last
+        first, last = int(span[1]), int(span[2])
+        if last < first:
+            raise ValueError(f"config key {key!r}: [{first},...,{last}] runs backwards; write [{last},...,{first}]")
+        return list(range(first, last + 1))
     if origin in (list, tuple) and text.startswith("[") and text.endswith("]"):
         try:
             return _check(key, ast.literal_eval(text), typ)

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from aisrl.rollout import device_of
+from aisrl.rollout import device_of, inverse_cdf
 
 
 class _Block(nn.Module):
@@ -109,6 +109,8 @@ class DiffusionParams:
     """Which predictions to commit first: 'low_confidence' (most probable first) or 'random'."""
 
     def __post_init__(self):
+        if self.gen_length < 1 or self.block_length < 1:
+            raise ValueError(f"gen_length={self.gen_length} and block_length={self.block_length} must be >= 1")
         if self.gen_length % self.block_length:
             raise ValueError(f"gen_length={self.gen_length} must be a multiple of block_length={self.block_length}")
         blocks = self.gen_length // self.block_length
@@ -152,10 +154,13 @@ def diffusion_generate(model, prompts: list[list[int]], params: DiffusionParams,
             logits[..., mask_id] = -torch.inf  # a committed token is never [MASK]
             masked = x[:, lo:hi] == mask_id  # (B, K)
             probs = logits.softmax(-1)  # (B, K, V) untempered: the confidence of low-confidence remasking
-            u = torch.stack([torch.rand(2, x.shape[1], generator=gen) for gen in gens])[:, :, lo:hi]  # (B, 2, K)
-            if params.temperature > 0:  # inverse-CDF sampling: row i's draws depend only on its own seed
-                cdf = (logits / params.temperature).softmax(-1).cumsum(-1)  # (B, K, V)
-                x0 = torch.searchsorted(cdf, u[:, 0, :, None].contiguous()).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+            # row i's draws depend only on its seed and its own prompt length, not on its batch-mates' (the
+            # block's columns counted from the row's own first token)
+            u = torch.stack([torch.rand(2, n + g, generator=gen)[:, n + lo - p : n + hi - p]
+                             for gen, n in zip(gens, map(len, prompts), strict=True)])  # (B, 2, K)  # fmt: skip
+            if params.temperature > 0:  # inverse-CDF sampling; never a zero-probability token such as [MASK]
+                logp = (logits / params.temperature).log_softmax(-1)  # (B, K, V)
+                x0 = inverse_cdf(logp.flatten(0, 1), u[:, 0].flatten()).view(b, hi - lo)  # (B, K)
             else:
                 x0 = logits.argmax(-1)  # (B, K)
             low_conf = params.remasking == "low_confidence"

@@ -149,6 +149,11 @@ def _run_checkpoint(cfg: DoctorConfig) -> tuple[str, Path]:
 
 def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:
     """Run the doctor; returns {format: {metric: value, ..., "log_ratios": [...]}}."""
+    if not cfg.formats:
+        raise ValueError("formats is empty: name a preset of aisrl.quant.PRESETS, e.g. --formats fp8_e4m3_w8a8")
+    for key in ("prompts", "max_new_tokens"):
+        if getattr(cfg, key) < 1:
+            raise ValueError(f"{key} must be >= 1, got {getattr(cfg, key)}")
     for name in cfg.formats:
         quant_config(name, keep=tuple(cfg.keep))  # fail fast on an unknown preset or bad keep, before loading anything
     if cfg.preset or cfg.start:  # these come from the preset or run; a value given for them would be ignored
@@ -261,6 +266,10 @@ def main(cfg: DoctorConfig, out_dir: str | Path) -> dict:
     from aisrl.bench.report import machine, write_json
 
     out_dir = Path(out_dir)
+    try:  # before the diagnosis, not after it
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {out_dir} cannot be created ({e.strerror}); choose another folder") from e
     result = diagnose(cfg)
     print(table(result))
     for name, r in result.items():

@@ -91,6 +91,11 @@ def _check_model(cfg, state: dict, prefix: str, max_len: int) -> None:
     if getattr(cfg, "use_sliding_window", False) or (cfg.model_type == "mistral" and window and window < max_len):
         raise ValueError(f"Engine attends to the whole context: this model uses sliding-window attention "
                          f"({window} tokens) below max_len={max_len}")  # fmt: skip
+    scaling = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
+    if kind in ("dynamic", "longrope"):
+        raise ValueError(f"Engine computes the rotary table once for max_len, and {kind!r} RoPE scaling changes "
+                         "with the sequence length; use aisrl.rollout.generate (rollout.engine=hf)")  # fmt: skip
     if getattr(cfg, "hidden_act", "silu") != "silu" or f"{prefix}layers.0.mlp.gate_proj.bias" in state:
         raise ValueError("Engine supports SiLU MLPs without biases (hidden_act='silu', mlp_bias=False)")
 

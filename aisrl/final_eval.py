@@ -102,17 +102,18 @@ def _settings(checkpoint: str, digest: str, cfg, samples: int, held_samples: int
     return out
 
 
-def cached_scores(run_dir: str | Path, samples: int) -> dict | None:
-    """The cached scores of `run_dir` if they belong to its latest checkpoint and to `samples` (no hashing:
+def cached_scores(run_dir: str | Path, samples: int, step: int | None = None) -> dict | None:
+    """The cached scores of `run_dir` if they belong to its latest checkpoint (which must be that of `step`, if
+    given: a run continued past the step a study reads has another final model) and to `samples` (no hashing:
     for aggregation, where `evaluate_final` has just refreshed every score it could)."""
-    from aisrl.checkpoint import latest_checkpoint
+    from aisrl.checkpoint import checkpoint_dir, latest_checkpoint
 
     cache = Path(run_dir) / "final_eval.json"
     try:
         ckpt = latest_checkpoint(run_dir)
     except FileNotFoundError:
         return None
-    if ckpt is None or not cache.exists():
+    if ckpt is None or not cache.exists() or (step is not None and ckpt.name != checkpoint_dir(run_dir, step).name):
         return None
     scores = json.loads(cache.read_text())
     ok = scores.get("settings", {}).get("checkpoint") == ckpt.name and scores["settings"].get("samples") == samples

@@ -96,6 +96,23 @@ class LabConfig:
     """Seed of data, init and training."""
 
 
+def check_lab(cfg: LabConfig) -> None:
+    """Raise ValueError, naming the lab.* key, for a lab the warm start could not build."""
+    from aisrl.tasks import TASKS
+
+    own = sorted(n for n in TASKS if n not in ("dataset", "jsonl", "reasoning_gym"))  # procedural, no options
+    if cfg.task not in own:
+        raise ValueError(f"lab.task={cfg.task!r}: the lab trains on a procedural task; choose from {own} (a file or "
+                         "reasoning-gym task needs model.name other than lab, with task= and dataset=)")  # fmt: skip
+    for key, low in (("max_operand", 1), ("hidden", 1), ("layers", 1), ("sft_examples", 1), ("sft_steps", 0)):
+        if getattr(cfg, key) < low:
+            raise ValueError(f"lab.{key} must be >= {low}, got {getattr(cfg, key)}")
+    if not 0 <= cfg.sudoku_holes <= 16:
+        raise ValueError(f"lab.sudoku_holes is the number of blanks of a 4x4 grid, in [0, 16]; got {cfg.sudoku_holes}")
+    if cfg.target is not None and not 0 <= cfg.target[0] < cfg.target[1] <= 1:
+        raise ValueError(f"lab.target is an accuracy band [low, high], 0 <= low < high <= 1; got {list(cfg.target)}")
+
+
 def lab_task(cfg: LabConfig):
     if cfg.task == "arithmetic":
         return make_task(cfg.task, max_operand=cfg.max_operand, ops=cfg.ops, trace=cfg.trace)

@@ -15,6 +15,16 @@ def apply_lora(model, r: int, alpha: float, targets: list[str], dropout: float =
         from peft import LoraConfig, get_peft_model
     except ImportError as e:
         raise ImportError("lora.r > 0 needs peft: pip install peft") from e
+    names: dict[int, list[str]] = {}  # parameter -> every name it has (tied embeddings: two)
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    for module, _ in model.named_modules():
+        tied = next((n for n in names.values() if len(n) > 1 and f"{module}.weight" in n), [])
+        others = sorted(set(tied) - {f"{module}.weight"})
+        if others and any(module == t or module.endswith(f".{t}") for t in targets):
+            raise ValueError(f"lora.targets adapts {module!r}, whose weight is tied to {others}: the adapter would "
+                             "change one use of it and the rollout copy's sync would not see it; leave it out of "
+                             "lora.targets")  # fmt: skip
     return get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=dropout))
 
 

@@ -28,7 +28,10 @@ class CausalPolicy:
     micro_batch: int = 64
     tokenizer: object = None
 
-    def sample(self, model, prompts: list[list[int]], seeds: list[int], step: int, kv_fp8: bool = False) -> Rollout:
+    def sample(self, model, prompts: list[list[int]], seeds: list[int], step: int,
+               kv_fp8: bool | None = None) -> Rollout:  # fmt: skip
+        """The rollouts of `prompts`; kv_fp8=None follows the model, as `generate` does (an FP8 cache for a `*_kv`
+        preset's copy)."""
         if isinstance(model, Engine):  # the static-cache engine samples by itself
             return model.generate(prompts, self.params, seeds=seeds, pad_id=self.pad_id, eos_id=self.eos_id)
         return generate(model, prompts, self.params, seeds=seeds, tokenizer=self.tokenizer, pad_id=self.pad_id,

@@ -30,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
+import numbers
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -184,7 +186,8 @@ def generate(
     cfg = model.config
     pad_id = pad_id if pad_id is not None else (cfg.pad_token_id if cfg.pad_token_id is not None else 0)
     eos = eos_id if eos_id is not None else cfg.eos_token_id
-    eos = torch.tensor([eos] if isinstance(eos, int) else list(eos or []), dtype=torch.long)
+    single = isinstance(eos, numbers.Integral) or (isinstance(eos, torch.Tensor) and eos.dim() == 0)
+    eos = torch.tensor([int(eos)] if single else [int(e) for e in eos or []], dtype=torch.long)
     if params.stop and tokenizer is None:
         raise ValueError("stop strings need the tokenizer: generate(..., tokenizer=tok)")
     device = device_of(model)
@@ -265,6 +268,43 @@ def _order(prompt_mask: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     return torch.argsort(ends * (prompt_mask.shape[1] + 1) + prompt_mask.sum(1), stable=True)
 
 
+_HEAD_CHECKED: weakref.WeakSet = weakref.WeakSet()  # models whose forward `logprobs` was checked to reproduce
+
+
+def _logit_finish(model):
+    """The function a causal LM's forward applies to its output head's logits, which `logprobs` must apply too (it
+    runs the decoder and the head itself, to apply the head to a chunk of positions at a time): Granite divides by
+    `logits_scaling`, Cohere multiplies by `logit_scale`, Gemma 2/3 soft-cap with `c * tanh(logits / c)`. Checked
+    once per model against its own forward: a family that finishes its logits some other way is an error, not a
+    silent mismatch between `rollout_logp` and the trainer's log-probs."""
+    cfg = getattr(model, "config", None)
+    scale = (getattr(cfg, "logit_scale", None) or 1.0) / (getattr(cfg, "logits_scaling", None) or 1.0)
+    cap = getattr(cfg, "final_logit_softcapping", None)
+
+    def finish(logits: torch.Tensor) -> torch.Tensor:
+        logits = logits * scale if scale != 1.0 else logits
+        return cap * torch.tanh(logits / cap) if cap else logits
+
+    if model not in _HEAD_CHECKED:
+        was = model.training
+        model.eval()  # no dropout: the two paths must see the same function
+        try:
+            with torch.no_grad():
+                ids = torch.tensor([[1, 2, 3]], device=device_of(model))
+                own = model(input_ids=ids).logits.float()
+                hidden = model.get_decoder()(input_ids=ids).last_hidden_state
+                ours = finish(model.get_output_embeddings()(hidden)).float()
+        finally:
+            model.train(was)
+        if not torch.allclose(own, ours, rtol=1e-3, atol=1e-3 * (1 + own.abs().max().item())):
+            raise ValueError(f"{type(model).__name__}'s forward changes its output head's logits in a way "
+                             "aisrl.rollout.logprobs does not reproduce (it knows Granite's logits_scaling, Cohere's "
+                             "logit_scale and Gemma's final_logit_softcapping), so trainer log-probs would not be "
+                             "those of the sampler; please report the model family")  # fmt: skip
+        _HEAD_CHECKED.add(model)
+    return finish
+
+
 def logprobs(
     model,
     prompt_ids: torch.Tensor,
@@ -284,7 +324,7 @@ def logprobs(
     called with grad enabled (the trainer path); 0 where completion_mask is False.
     """
     params = params or SamplingParams()
-    body, head = model.get_decoder(), model.get_output_embeddings()
+    body, head, finish = model.get_decoder(), model.get_output_embeddings(), _logit_finish(model)
     device = device_of(model)
     (B, P), T = prompt_ids.shape, completion_ids.shape[1]
     if T == 0:  # no completion columns: nothing to score (and nothing to differentiate)
@@ -302,7 +342,7 @@ def logprobs(
         hidden = hidden[:, P - a - 1 : -1]  # (b, t, H): the state that predicts each completion token
         rows = []
         for c in range(0, t, chunk):
-            lp = process_logits(head(hidden[:, c : c + chunk]).float(), params)  # (b, c, V) FP32 under autocast
+            lp = process_logits(finish(head(hidden[:, c : c + chunk])).float(), params)  # (b, c, V) FP32 under autocast
             tgt = completion_ids[idx, c : min(c + chunk, t)].to(device)
             rows.append(lp.gather(-1, tgt[..., None]).squeeze(-1))  # (b, c)
         parts.append(F.pad(torch.cat(rows, dim=1), (0, T - t)))  # (b, T)

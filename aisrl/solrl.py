@@ -21,8 +21,8 @@ import torch
 def select_extremes(rewards: torch.Tensor, pool: int, keep: int) -> torch.Tensor:
     """Indices into `rewards` ((B * pool,), grouped by prompt) of the keep // 2 lowest and keep - keep // 2
     highest rewards of each prompt's pool, in prompt order (a stable sort: among equal rewards the low end takes
-    earlier candidates, the high end later ones). A NaN reward (a candidate that could not be scored) is taken only
-    when fewer than `keep` candidates of its pool were scored."""
+    earlier candidates, the high end later ones). A NaN or infinite reward (a candidate that could not be scored; the
+    advantages give it 0) is taken only when fewer than `keep` candidates of its pool were scored."""
     if rewards.dim() != 1 or rewards.numel() % pool:
         raise ValueError(f"rewards must be (B * pool,) with pool={pool}; got shape {tuple(rewards.shape)}")
     if not 2 <= keep <= pool:
@@ -30,9 +30,9 @@ def select_extremes(rewards: torch.Tensor, pool: int, keep: int) -> torch.Tensor
     r = rewards.view(-1, pool)  # (B, K)
     low, high = keep // 2, keep - keep // 2
     rows = []
-    for values in r.tolist():  # ascending and stable, with unscored (NaN) candidates after the lowest `low`
-        unscored = [i for i, v in enumerate(values) if math.isnan(v)]
-        scored = sorted((i for i, v in enumerate(values) if not math.isnan(v)), key=values.__getitem__)
+    for values in r.tolist():  # ascending and stable, with unscored (NaN, inf) candidates after the lowest `low`
+        unscored = [i for i, v in enumerate(values) if not math.isfinite(v)]
+        scored = sorted((i for i, v in enumerate(values) if math.isfinite(v)), key=values.__getitem__)
         cut = min(low, len(scored))  # so they are extremes only when too few candidates were scored
         rows.append(scored[:cut] + unscored + scored[cut:])
     order = torch.tensor(rows, dtype=torch.long).view(-1, pool)  # (B, K)

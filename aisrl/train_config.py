@@ -22,10 +22,10 @@ import torch
 from aisrl.calibrate import RULES, check_candidates, check_mixable
 from aisrl.config import apply_mapping, apply_overrides
 from aisrl.correction import CORRECTIONS, check_options, options_of
-from aisrl.lab import LabConfig
+from aisrl.lab import LabConfig, check_lab
 from aisrl.losses import AGGREGATIONS, LOSSES
 from aisrl.models import TINY
-from aisrl.quant import quant_config
+from aisrl.quant import PRESETS, quant_config
 from aisrl.rollout import SamplingParams
 from aisrl.tasks import check_task
 
@@ -36,8 +36,9 @@ DEFAULT_PRESET = "lab_columns"  # the main job (`make run`): what `aisrl train` 
 @dataclass
 class ModelConfig:
     name: str = "lab"
-    """'lab' (warm-started tiny model), 'smollm2' or a local Hugging Face directory with its tokenizer (the tiny-*
-    test models have none, so they cannot be trained)."""
+    """'lab' (warm-started tiny model), 'smollm2', a local Hugging Face directory with its tokenizer, or a repository
+    id already in the local Hugging Face cache (e.g. Qwen/Qwen3-1.7B; nothing is downloaded). The tiny-* test models
+    have no tokenizer, so they cannot be trained."""
     kind: str = "causal"
     """'causal' (autoregressive LM) or 'diffusion' (masked-diffusion LM, LLaDA-style; see aisrl.diffusion)."""
 
@@ -88,7 +89,8 @@ class CorrectionConfig:
     name: str = "ais"
     """Mismatch correction: any name in aisrl.correction.CORRECTIONS."""
     cap: float = 2.0
-    """Truncation cap C (tis, seq_tis, prefix_tis, suffix_tis, geo_tis, ais)."""
+    """Truncation cap C (tis, seq_tis, prefix_tis, suffix_tis, geo_tis, ais; the other corrections truncate nothing
+    and leave it unused, so a study's cap can reach every method)."""
     ema: float = 0.0
     """AIS: smoothing of alpha across steps (0 = per-batch alpha)."""
     alpha: float | None = None
@@ -139,13 +141,15 @@ class LoraSettings:
     )
     """Names of the linear layers that get adapters."""
     dropout: float = 0.0
-    """LoRA dropout."""
+    """LoRA dropout. Old log-probs and rollouts are computed without it, so with dropout > 0 even the first epoch's
+    PPO ratio is not 1 but carries the dropout noise, which the clip then acts on; keep 0 unless you mean it."""
 
 
 @dataclass
 class TrainConfig:
     seed: int = 0
-    """Seed of prompts, sampling and initialisation."""
+    """Seed of the training prompts' order, the held-out set and the sampling (the lab model's warm start has its own,
+    lab.seed), in [0, 1e9)."""
     sample_salt: int = 0
     """Shifts every rollout's sampling seed and nothing else (prompts stay those of `seed`): 0 is the run itself;
     a branch (`aisrl branch`) continued from a checkpoint with salt k draws another continuation of that state."""
@@ -206,7 +210,7 @@ class TrainConfig:
     eval_every: int = 10
     """Held-out greedy accuracy every this many steps (and at the end)."""
     eval_problems: int = 80
-    """Held-out problems per evaluation."""
+    """Held-out problems per evaluation (and the size of the training-prompt subset whose fit is measured too)."""
     checkpoint_every: int = 10
     """Checkpoint every this many steps (and at the end)."""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -255,7 +259,10 @@ def load_config(preset: str | None = None, overrides: list[str] | None = None) -
             path = PRESET_DIR / f"{preset}.yaml"
         if not path.is_file():
             names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
-            raise ValueError(f"unknown preset {preset!r}: not a YAML file and not one of {names}")
+            run = Path(preset) / "config.json"
+            hint = f"; {preset} is a run's folder: pass output_dir={preset}, or {run} as the preset"
+            raise ValueError(f"unknown preset {preset!r}: not a YAML file and not one of {names}"
+                             f"{hint if run.is_file() else ''}")  # fmt: skip
         data = _read_preset(path)
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a preset must be a mapping of config keys")
@@ -341,6 +348,8 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.correction.guard < 0 or 0 < cfg.correction.guard <= 1:
         raise ValueError(f"correction.guard is a factor over the recent k3 KL: 0 (off) or above 1, e.g. 4; "
                          f"got {cfg.correction.guard}")  # fmt: skip
+    if not 0 <= cfg.seed < 1_000_000_000:  # with the salt, the step's sampling seeds stay within int64
+        raise ValueError(f"seed must be in [0, 1000000000), got {cfg.seed}")
     if not 0 <= cfg.sample_salt < 1_000_000:  # larger salts would overflow the engine's int64 seeds
         raise ValueError(f"sample_salt must be in [0, 1000000), got {cfg.sample_salt}")
     if cfg.agg not in AGGREGATIONS:
@@ -351,9 +360,21 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"dual_clip must be 0 (off) or > 1, got {cfg.dual_clip}")
     if cfg.rollout.align and (cfg.rollout.quant == "none" or cfg.lora.r > 0):
         raise ValueError("rollout.align (QaRL) needs a rollout format (rollout.quant) and full fine-tuning (lora.r=0)")
+    if cfg.rollout.align and cfg.precision != "fp32":
+        raise ValueError(f"rollout.align computes the trainer's linear layers as the rollout copy does, and "
+                         f"precision={cfg.precision} would autocast every other operation, which the copy computes "
+                         "in FP32: the mismatch would come back; use precision=fp32 with rollout.align")  # fmt: skip
+    if cfg.rollout.align and cfg.rollout.quant in PRESETS and PRESETS[cfg.rollout.quant].kv_cache:
+        raise ValueError(f"rollout.align aligns the linear layers, not the FP8 KV cache of {cfg.rollout.quant!r}, "
+                         "which would then be most of the mismatch left; use the preset without _kv")  # fmt: skip
     if cfg.rollout.pool and cfg.correction.name != "none":
         raise ValueError("rollout.pool (Sol-RL) trains the kept samples as on-policy: set correction.name=none "
                          "(the mismatch metrics are still logged)")  # fmt: skip
+    per_step = cfg.prompts_per_step * max(cfg.group_size, cfg.rollout.pool)
+    if per_step > 4096:  # aisrl.trainer seeds row i of a step with stream * 4096 + i
+        raise ValueError(f"prompts_per_step x {'rollout.pool' if cfg.rollout.pool else 'group_size'} = {per_step} "
+                         "samples a step; the sampling seeds of a step are distinct from the next step's for up to "
+                         "4096: lower one of them")  # fmt: skip
     if cfg.rollout.pool and cfg.rollout.pool <= cfg.group_size:
         raise ValueError(
             f"rollout.pool (Sol-RL) must exceed group_size={cfg.group_size} or be 0, got {cfg.rollout.pool}"
@@ -384,6 +405,11 @@ def validate(cfg: TrainConfig) -> None:
         except ValueError as e:
             keys = "gen_length is rollout.max_new_tokens, block_length diffusion.block_length, steps diffusion.steps"
             raise ValueError(f"diffusion settings: {e} ({keys})") from e
+        if not 0 <= cfg.diffusion.p_mask < 1:
+            raise ValueError(f"diffusion.p_mask is a probability in [0, 1), got {cfg.diffusion.p_mask}")
+        if cfg.rollout.top_k or cfg.rollout.top_p != 1.0:
+            raise ValueError("the diffusion sampler draws from the tempered distribution without top-k/top-p "
+                             "filters: leave rollout.top_k=0 and rollout.top_p=1 for model.kind=diffusion")  # fmt: skip
     if cfg.group_size < 2:
         raise ValueError("group_size must be >= 2 (GRPO advantages compare completions of one prompt)")
     resolve_device(cfg.device)  # raises on a bad name or a GPU that is not there
@@ -409,10 +435,20 @@ def validate(cfg: TrainConfig) -> None:
     if not os.access(nearest, os.W_OK | os.X_OK):
         raise ValueError(f"output_dir={cfg.output_dir} cannot be created or written: {nearest} is not writable; choose "
                          "another output_dir")  # fmt: skip
+    if cfg.model.name == "lab":
+        check_lab(cfg.lab)
+    if cfg.lora.r < 0 or not 0 <= cfg.lora.dropout < 1:
+        raise ValueError(f"lora.r must be >= 0 (0: full fine-tuning) and lora.dropout in [0, 1); got r={cfg.lora.r}, "
+                         f"dropout={cfg.lora.dropout}")  # fmt: skip
     if cfg.model.name == "lab" and cfg.task_options:
         raise ValueError("task_options is set, but model.name=lab trains on its own task (lab.task): set the lab's "
                          "problems with lab.* keys, or clear task_options")  # fmt: skip
     check_task(cfg.task, **task_kwargs(cfg))
+    local = cfg.model.name != "lab" and cfg.task in ("dataset", "jsonl")
+    if local and not (cfg.dataset and Path(cfg.dataset).exists()):
+        raise ValueError(f"task={cfg.task} reads a local file or saved dataset, and dataset={cfg.dataset!r} "
+                         f"{'is not set' if not cfg.dataset else 'does not exist'}: give its path with dataset=PATH "
+                         "(.jsonl, .parquet or a datasets directory)")  # fmt: skip
     if cfg.model.kind == "causal":  # the sampler's own checks, before the lab's warm start or a model load
         try:
             SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)

@@ -57,7 +57,7 @@ from aisrl.train_config import (
     task_kwargs,
     validate,
 )
-from aisrl.update import MismatchGuard, _eval_mode, _update, accumulate_gradient, flat_grad
+from aisrl.update import MismatchGuard, _eval_mode, _update, accumulate_gradient, active_dropout, flat_grad
 
 
 def build(cfg: TrainConfig):
@@ -185,12 +185,17 @@ def train(cfg: TrainConfig, log=print) -> dict:
     model.to(device).train()
     rollout, sync = _rollout_model(cfg, model, device, task, encode)
     kv_fp8 = getattr(getattr(rollout, "quant_config", None), "kv_cache", False)
-    ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 and cfg.lora.r == 0 else None
     if cfg.rollout.align:  # QaRL: the trainer computes in the rollout format, gradients reach FP32 weights
         align_(model, rollout_format(cfg))
+    # the KL reference is the starting policy as the trainer computes it (aligned too: no quantisation gap in the KL)
+    ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 and cfg.lora.r == 0 else None
     if cfg.lora.r > 0:
         model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.targets, cfg.lora.dropout)
         ref = model if cfg.kl_coef > 0 else None  # the reference is the base model: adapters off, no copy
+    if p_drop := active_dropout(model):
+        log(f"dropout p={p_drop} is active while training (lora.dropout, or the model's own): old "
+            "log-probs and the rollouts are computed without it, so every PPO ratio carries its noise and the clip "
+            "acts on that noise; RL recipes usually set it to 0")  # fmt: skip
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))

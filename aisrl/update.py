@@ -33,6 +33,14 @@ def _eval_mode(model):
         model.train(was)
 
 
+def active_dropout(model) -> float:
+    """The largest dropout probability the model applies in train mode (nn.Dropout modules, LoRA's included, and
+    the attention dropout of a Hugging Face config); 0 when training is deterministic."""
+    modules = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    config = getattr(getattr(model, "config", None), "attention_dropout", 0.0) or 0.0
+    return max([0.0, float(config), *modules])
+
+
 def _as_reference(ref):
     """Score with the reference policy: a frozen copy as is, or a LoRA model with its adapters switched off
     (the d1 recipe's reference, without a second copy of the weights), in eval mode either way."""

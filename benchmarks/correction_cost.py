@@ -54,6 +54,8 @@ def main(n=512, t=1024):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 3 or not all(a.isdigit() for a in sys.argv[1:]):
+        sys.exit("usage: python benchmarks/correction_cost.py [N [T]] (sequences and tokens per sequence)")
     args = [int(a) for a in sys.argv[1:3]]
     out = main(*args)
     write_json(ROOT / "benchmarks/results/correction_cost.json", out)

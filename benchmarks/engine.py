@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from aisrl.bench.report import machine, update_section, write_json
+from aisrl.bench.report import machine, machine_line, update_section, write_json
 from aisrl.engine import Engine
 from aisrl.models import load_model
 from aisrl.rollout import SamplingParams, generate
@@ -131,17 +131,19 @@ def memory():
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2 or (len(sys.argv) == 2 and sys.argv[1] not in ("throughput", "profile", "memory")):
+        sys.exit("usage: python benchmarks/engine.py [throughput|profile|memory]")
     what = sys.argv[1] if len(sys.argv) > 1 else "throughput"
     path = ROOT / "benchmarks/results/engine.json"
     data = json.loads(path.read_text()) if path.exists() else {}
-    data["machine"] = machine()
+    data[f"machine_{what}"] = machine()  # each part's own: they may be measured on different machines
     if what == "throughput":
         rows = throughput()
         data["throughput"] = rows
-        body = ("Command: `python benchmarks/engine.py throughput`; SmolLM2-135M FP32, 2 CPUs, 128 new tokens per "
-                "request (EOS ignored), plain sampling (T=1), all three in the same run, best of 2 interleaved "
-                "repeats. `Engine` is aisrl.engine's static-cache engine (`rollout.engine=static`), `generate` is "
-                "aisrl.rollout.generate on the Hugging Face modules (`rollout.engine=hf`).\n\n"
+        body = (f"Command: `python benchmarks/engine.py throughput`; SmolLM2-135M FP32, {machine_line()}, 128 new "
+                "tokens per request (EOS ignored), plain sampling (T=1), all three in the same run, best of 2 "
+                "interleaved repeats. `Engine` is aisrl.engine's static-cache engine (`rollout.engine=static`), "
+                "`generate` is aisrl.rollout.generate on the Hugging Face modules (`rollout.engine=hf`).\n\n"
                 "| batch | `Engine` tok/s | `generate` tok/s | HF tok/s | `Engine` vs HF | `generate` vs HF |\n"
                 "|---|---|---|---|---|---|\n")  # fmt: skip
         cells = ("{batch} | {engine_tok_s:.0f} | {generate_tok_s:.0f} | {hf_tok_s:.0f} | {engine_vs_hf:.2f}x | "

@@ -1,5 +1,6 @@
-"""Estimator-quality benchmark (docs/ais.md section 3): writes benchmarks/results/estimator.json and the
-`estimator` section of BENCHMARKS.md.
+"""Estimator-quality benchmark (docs/ais.md section 3): writes benchmarks/results/estimator_N{N}.json (tabular policy;
+estimator_{policy}_L{L}_N{N}.json otherwise; `_seed{S}` added for a seed other than 0) and its section of
+BENCHMARKS.md (`estimator` for the default batch size and seed).
 
     python benchmarks/estimator.py [key=value ...]     # e.g. seed=1 groups=4 group_size=4
     python benchmarks/estimator.py policy=markov length=24 groups=32 group_size=8 horizons=[1,10,100]
@@ -17,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if __name__ == "__main__":
     cfg = apply_overrides(EstimatorBenchConfig(), sys.argv[1:])
     n = cfg.groups * cfg.group_size
-    tag = f"N{n}" if cfg.policy == "tabular" else f"{cfg.policy}_L{cfg.length}_N{n}"
+    seed = f"_seed{cfg.seed}" if cfg.seed else ""  # another seed's run must not replace the headline figures
+    tag = (f"N{n}" if cfg.policy == "tabular" else f"{cfg.policy}_L{cfg.length}_N{n}") + seed
     result = main(cfg, str(ROOT / f"benchmarks/results/estimator_{tag}.json"))
     m = result["machine"]
     c = result["config"]
@@ -34,8 +36,8 @@ if __name__ == "__main__":
     n = c["groups"] * c["group_size"]
     default = EstimatorBenchConfig()
     if cfg.policy == "tabular":
-        section = "estimator" if n == default.groups * default.group_size else f"estimator_N{n}"
-        title = f"### Batch N = {n}"
+        section = "estimator" if n == default.groups * default.group_size and not seed else f"estimator_{tag}"
+        title = f"### Batch N = {n}" + (f", seed {cfg.seed}" if seed else "")
     else:
         section = f"estimator_{tag}"
         title = f"### {cfg.policy} policy, L = {cfg.length}, batch N = {n}"

@@ -42,6 +42,7 @@ BENCHMARKS.md; `tag` keeps a study of other methods at a state from replacing th
 """
 
 import json
+import math
 import statistics
 import sys
 import time
@@ -55,6 +56,7 @@ from aisrl.bench.report import machine, update_section, write_json
 from aisrl.branch import recorded_base
 from aisrl.calibrate import RULES
 from aisrl.checkpoint import checkpoint_dir
+from aisrl.correction import CORRECTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -136,7 +138,10 @@ def figures(gram: Gram, m: dict[str, float], horizons: list[int]) -> dict:
     mr, cov_mr = gram.stats(m, ref)
     bias2 = (dd - var_d / K) / g2
     m2, mg = mm - var_m / K, mr - cov_mr / K  # |E g_m|^2 and <E g_m, g>, unbiased
-    out = {"bias2": bias2, "var": var_m / g2, "cos": mg / max(m2 * g2, 1e-300) ** 0.5, "norm_ratio": (m2 / g2) ** 0.5}
+    # the unbiased |E g_m|^2 (or |g|^2) can come out negative when the noise dwarfs the mean: no real norm then
+    real = m2 > 0 and g2 > 0
+    out = {"bias2": bias2, "var": var_m / g2, "cos": mg / (m2 * g2) ** 0.5 if real else math.nan,
+           "norm_ratio": (m2 / g2) ** 0.5 if real else math.nan}  # fmt: skip
     for h in horizons:
         out[f"err@{h}"] = bias2 + var_m / g2 / h
         # Adam undoes a common scale: the error of the best multiple c of the h-step mean, min_c E|c gbar - g|^2
@@ -281,6 +286,13 @@ def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: 
         raise ValueError(f"space={space!r}: choose grad (the raw gradient) or adam (the update AdamW makes of it)")
     if salts < 3:  # a variance needs two draws, and its jackknife one more
         raise ValueError(f"salts={salts}: need at least 3 (32 give standard errors of a useful size)")
+    if not horizons or min(horizons) < 1 or 10 not in horizons:  # the tables report err@10
+        raise ValueError(f"horizons={horizons}: steps the error is averaged over, each >= 1, 10 among them")
+    unknown = sorted({m.partition(":")[0] for m in methods} - set(CORRECTIONS))
+    if unknown:
+        raise ValueError(f"unknown correction(s) {unknown} in methods; choose from {sorted(CORRECTIONS)}")
+    if choose and not set(choose) <= set(methods):
+        raise ValueError(f"choose={choose}: the end points to choose from must be among methods={methods}")
     preset_name = preset or "lab_columns"  # names the results; the warm start's preset
     base, at = preset_name, None
     if start:
@@ -326,8 +338,12 @@ def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: 
     return out
 
 
+KEYS = ("preset", "quant", "seed", "salts", "methods", "start", "horizons", "choose", "space", "tag")
+
 if __name__ == "__main__":
     kw = dict(a.split("=", 1) for a in sys.argv[1:])
+    if set(kw) - set(KEYS) or any("=" not in a for a in sys.argv[1:]):
+        sys.exit(f"arguments are key=value with keys {list(KEYS)}; got {sys.argv[1:]}")
     main(kw.get("preset"), kw.get("quant", "mxfp4_w4a4"), int(kw["seed"]) if "seed" in kw else None,
          int(kw.get("salts", 16)), kw.get("methods", "none,tis,prefix_tis,seq_tis").split(","), kw.get("start", ""),
          [int(h) for h in kw.get("horizons", "1,10,100").split(",")],

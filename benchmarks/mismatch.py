@@ -10,7 +10,7 @@ benchmarks/results/mismatch_<subject>.json, runs/mismatch_<subject>/logratio_his
 import sys
 from pathlib import Path
 
-from aisrl.bench.report import update_section, write_json
+from aisrl.bench.report import machine, machine_line, update_section, write_json
 from aisrl.config import apply_overrides
 from aisrl.doctor import DoctorConfig, main, table
 
@@ -24,11 +24,15 @@ if __name__ == "__main__":
     cfg = apply_overrides(DoctorConfig(model="smollm2", formats=FORMATS), sys.argv[1:])
     if cfg.preset and cfg.formats == FORMATS and not any(a.startswith("formats=") for a in sys.argv[1:]):
         cfg.formats = LAB_FORMATS
-    subject = Path(cfg.preset).stem if cfg.preset else cfg.model
+    if cfg.start:
+        sys.exit("start=RUN:STEP examines a run's checkpoint: use `aisrl mismatch start=...` (or benchmarks/"
+                 "mixed_precision.py); this script publishes the figures of a preset's or a model's initial weights")
+    subject = Path(cfg.preset).stem if cfg.preset else Path(cfg.model).name
     result = main(cfg, ROOT / f"runs/mismatch_{subject}")
     slim = {f: {k: v for k, v in r.items() if k != "log_ratios"} for f, r in result.items()}
-    write_json(ROOT / f"benchmarks/results/mismatch_{subject}.json", {"config": cfg.__dict__, "formats": slim})
     cmd = "python benchmarks/mismatch.py" + "".join(f" {a}" for a in sys.argv[1:])
+    write_json(ROOT / f"benchmarks/results/mismatch_{subject}.json",
+               {"config": cfg.__dict__, "formats": slim, "machine": machine(), "command": cmd})  # fmt: skip
     if cfg.preset:
         what = (f"the `{cfg.preset}` training preset's model, {cfg.prompts} of its training prompts, its sampling "
                 f"settings (one completion each), seed {cfg.seed}")  # fmt: skip
@@ -38,7 +42,8 @@ if __name__ == "__main__":
                 f"{cfg.temperature}, seed {cfg.seed}")  # fmt: skip
         alias = f"aisrl mismatch --model {cfg.model} --formats ..."
     body = (
-        f"Command: `{cmd}` (= `{alias}`), {what}; 2 CPUs, FP32 trainer vs fake-quantised rollout copy (lm_head "
-        "kept in full precision). `sync_seconds`: one `sync_weights` of the full model.\n\n" + table(slim)
+        f"Command: `{cmd}` (= `{alias}`), {what}; {machine_line()}, FP32 trainer vs fake-quantised rollout copy "
+        "(lm_head kept in full precision). `sync_seconds`: one `sync_weights` of the full model.\n\n" + table(slim)
     )
-    update_section(ROOT / "BENCHMARKS.md", "mismatch" + (f"_{subject}" if cfg.preset else ""), body)
+    default = not cfg.preset and subject == "smollm2"  # the headline section keeps its first name
+    update_section(ROOT / "BENCHMARKS.md", "mismatch" + ("" if default else f"_{subject}"), body)

@@ -29,7 +29,7 @@ from aisrl.bench.report import update_section, write_json
 from aisrl.compare import run_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from paired_seeds import METRICS, collect  # noqa: E402  (a sibling script, not a package)
+from paired_seeds import METRICS, check_starts, collect  # noqa: E402  (a sibling script, not a package)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,6 +58,8 @@ def correlation(x: dict, y: dict, permutations: int = 20000) -> dict:
     a = torch.tensor([x[k] for k in keys], dtype=torch.float64)
     b = torch.tensor([y[k] for k in keys], dtype=torch.float64)
     a, b = a - a.mean(), b - b.mean()
+    if a.pow(2).sum() < 1e-24 or b.pow(2).sum() < 1e-24:  # nothing left to correlate: r is undefined, not tiny p
+        return {"r": None, "p": None, "n": len(keys), "slope": None}
     r = ((a * b).sum() / (a.pow(2).sum() * b.pow(2).sum()).sqrt()).item()
     gen = torch.Generator().manual_seed(0)
     shuffled = torch.stack([b[torch.randperm(len(b), generator=gen)] for _ in range(permutations)])  # (P, n)
@@ -79,10 +81,14 @@ def section(out: dict, command: str) -> str:
              "| k3 over | r | permutation p | slope (y per unit k3) |", "|---|---|---|---|"]  # fmt: skip
     for key, label in (("last_fifth_k3", "last fifth"), ("first_fifth_k3", "first fifth (control)")):
         c = out[key]
+        if c["r"] is None:
+            lines.append(f"| {label} | undefined (no spread left) | | |")
+            continue
         lines.append(f"| {label} | {c['r']:+.3f} | {c['p']:.2g} | {c['slope']:+.3g} |")
     lines.append("\n| method | runs | last-fifth k3 | mean gap | r within the method |\n|---|---|---|---|---|")
     for m, c in out["per_method"].items():
-        lines.append(f"| {m} | {c['runs']} | {c['k3_last']:.3f} | {c['gap']:+.3f} | {c['r']:+.2f} |")
+        r = "undefined" if c["r"] is None else f"{c['r']:+.2f}"
+        lines.append(f"| {m} | {c['runs']} | {c['k3_last']:.3f} | {c['gap']:+.3f} | {r} |")
     return "\n".join(lines)
 
 
@@ -90,7 +96,8 @@ def main(dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metri
          tag: str = "") -> dict:  # fmt: skip
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose from {sorted(METRICS)}")
-    ref = collect(dirs, "reference", steps, metric)
+    ref_where: dict[int, Path] = {}
+    ref = collect(dirs, "reference", steps, metric, ref_where)
     y, first, last = {}, {}, {}
     for m in methods:
         where: dict[int, Path] = {}
@@ -98,9 +105,14 @@ def main(dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metri
             if seed in ref:
                 y[m, seed] = value - ref[seed]
                 first[m, seed], last[m, seed] = k3_fifths(where[seed], steps)
+        check_starts(ref_where, {s: w for s, w in where.items() if s in ref})  # a twin started from the same weights
+    methods_of = {seed: sum(k[1] == seed for k in y) for _, seed in y}
+    for key in [k for k in y if methods_of[k[1]] < 2]:  # a seed under one method only: its seed mean is all of it
+        del y[key], first[key], last[key]
     if len(y) < 4:
-        raise ValueError(f"only {len(y)} runs of {methods} under {fmt} have a full-precision twin with a {metric}; "
-                         "need a few per method")  # fmt: skip
+        raise ValueError(f"only {len(y)} runs of {methods} under {fmt} have a full-precision twin with a {metric} and "
+                         "a seed shared with another method (the seed's mean is taken out); need a few per method, "
+                         "on seeds run under at least two methods")  # fmt: skip
     ry = demean(y)
     result = {"dirs": [str(d) for d in dirs], "format": fmt, "metric": metric, "methods": methods, "runs": len(y),
               "last_fifth_k3": correlation(demean(last), ry), "first_fifth_k3": correlation(demean(first), ry),
@@ -111,11 +123,7 @@ def main(dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metri
             xm, ym = statistics.fmean(last[k] for k in keys), statistics.fmean(y[k] for k in keys)
             result["per_method"][m] = {"runs": len(keys), "k3_last": xm, "gap": ym, **correlation(
                 {k: last[k] - xm for k in keys}, {k: y[k] - ym for k in keys})}  # fmt: skip
-    for name in ("last_fifth_k3", "first_fifth_k3"):
-        c = result[name]
-        print(f"{name}: r {c['r']:+.3f} (p {c['p']:.2g}, {c['n']} runs), slope {c['slope']:+.3g} {metric} per unit k3")
-    for m, c in result["per_method"].items():
-        print(f"  {m:>18}: r {c['r']:+.2f} over {c['runs']} runs (k3 {c['k3_last']:.3f}, gap {c['gap']:+.3f})")
+    print(section(result, "python benchmarks/mismatch_vs_gap.py " + " ".join(sys.argv[1:])))
     name = "_".join([tag or fmt, metric])
     write_json(ROOT / f"benchmarks/results/mismatch_vs_gap_{name}.json", result)
     command = "python benchmarks/mismatch_vs_gap.py " + " ".join(sys.argv[1:])

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from aisrl.bench.report import machine, update_section, write_json
+from aisrl.bench.report import machine, machine_line, update_section, write_json
 from aisrl.config import apply_overrides
 from aisrl.doctor import DoctorConfig, diagnose
 
@@ -86,10 +86,13 @@ def table(result: dict) -> str:
 
 if __name__ == "__main__":
     cfg = apply_overrides(MixedConfig(), sys.argv[1:])
+    if not cfg.tops or min(cfg.tops) < 1:
+        sys.exit(f"tops={cfg.tops}: give the numbers of top layers to keep, each >= 1, e.g. tops=[1,2,4]")
     result = study(cfg)
     name = subject(cfg)
+    result_machine = machine()
     write_json(ROOT / f"benchmarks/results/mixed_precision_{name}.json",
-               {"config": cfg.__dict__, "machine": machine(), "formats": result})  # fmt: skip
+               {"config": cfg.__dict__, "machine": result_machine, "formats": result})  # fmt: skip
     cmd = "python benchmarks/mixed_precision.py" + "".join(f" {a}" for a in sys.argv[1:])
     top = max(cfg.tops)
     order = "\n".join(f"- {fmt}: " + ", ".join(f"{x['layer']} ({x['removed']:.0%})" for x in r["ranking"][:top])
@@ -97,9 +100,9 @@ if __name__ == "__main__":
     what = (f"the `{cfg.preset}` preset's model, {cfg.prompts} of its training prompts" if cfg.preset else
             f"the policy of `{cfg.start}`, {cfg.prompts} of its training prompts" if cfg.start else
             f"{cfg.model}, {cfg.prompts} arithmetic prompts x 64 sampled tokens")  # fmt: skip
-    body = (f"Command: `{cmd}`; {what}, one completion each, seed {cfg.seed}; 2 CPUs, FP32. Each row keeps the top "
-            f"k layers of its format's ranking in full precision and is measured on the completions that mixed copy "
-            f"samples. The ranking (share of the token mismatch each layer removes when kept alone):\n{order}\n\n"
-            f"{table(result)}")  # fmt: skip
+    body = (f"Command: `{cmd}`; {what}, one completion each, seed {cfg.seed}; {machine_line(result_machine)}, "
+            "FP32. Each row keeps the top k layers of its format's ranking in full precision and is measured on the "
+            "completions that mixed copy samples. The ranking (share of the token mismatch each layer removes when "
+            f"kept alone):\n{order}\n\n{table(result)}")  # fmt: skip
     update_section(ROOT / "BENCHMARKS.md", f"mixed_precision_{name}", body)
     print(table(result))

@@ -16,7 +16,9 @@ under other training settings (a study with `rollout.keep`, say, in its own dire
 without them: `methods=tis,ais,ais@runs/nv_keep`. A method written `FORMAT/METHOD` is taken from that rollout format
 instead of `format=`, so one method under two formats pairs by seed: `methods=ais,nvfp4_w4a4/ais`. Prints the
 numbers and writes benchmarks/results/paired_<format>.json (paired_<format>_<metric>.json for another score;
-paired_<tag>_<format>... with `tag=`, which keeps the results of another study apart).
+paired_<tag>_<format>... with `tag=`, which keeps the results of another study apart). A file that holds a comparison
+of other folders or methods is not replaced (the docs may cite it) unless `overwrite=true`; an unknown option, a
+missing folder or a comparison with nothing paired is an error and writes nothing.
 """
 
 import json
@@ -51,24 +53,35 @@ def score(run: Path, steps: int, metric: str) -> float | None:
     if not final.exists():
         return None
     scores = json.loads(final.read_text())
-    if pointer.exists() and scores.get("settings", {}).get("checkpoint") != pointer.read_text().strip():
+    scored = scores.get("settings", {}).get("checkpoint")
+    if pointer.exists() and scored != pointer.read_text().strip():
         return None  # scores of an earlier checkpoint: the run went on after it was scored
+    if scored != f"step_{steps:06d}":
+        return None  # the final model of another step than the one the training scores are read at
     return scores.get(metric)
+
+
+def finished(run: Path, steps: int) -> bool:
+    return len(run_rows(run)) >= steps
 
 
 def collect(
     dirs: list[Path], kind: str, steps: int, metric: str = "reward", where: dict[int, Path] | None = None
 ) -> dict[int, float]:
-    """{seed: score} of `kind` ('reference' or 'FORMAT/METHOD') over the directories (first wins); `where`, if
-    given, receives {seed: run folder}."""
-    out = {}
+    """{seed: score} of `kind` ('reference' or 'FORMAT/METHOD') over the directories: each seed's run is the first
+    finished one, and every score of the seed comes from that run (None there: the seed is left out, never filled
+    from another folder's run). `where`, if given, receives {seed: run folder}."""
+    out, chosen = {}, set()
     for d in dirs:
         for run in sorted((d / kind).glob("seed*")):
             digits = run.name.removeprefix("seed")
             if not digits.isdigit() or str(int(digits)) != digits:
                 continue  # not a run directory of `aisrl compare` (seed07, seed_old, ...)
             seed = int(digits)
-            value = None if seed in out else score(run, steps, metric)
+            if seed in chosen or not finished(run, steps):
+                continue
+            chosen.add(seed)
+            value = score(run, steps, metric)
             if value is not None:
                 out[seed] = value
                 if where is not None:
@@ -109,10 +122,19 @@ def _spread(s: dict) -> str:
 
 
 def main(
-    dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metric: str = "reward", tag: str = ""
+    dirs: list[Path],
+    fmt: str,
+    methods: list[str],
+    steps: int = 100,
+    metric: str = "reward",
+    tag: str = "",
+    overwrite: bool = False,
 ) -> dict:
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose from {sorted(METRICS)}")
+    missing = [str(d) for d in [*dirs, *(Path(m.partition("@")[2]) for m in methods if "@" in m)] if not d.is_dir()]
+    if missing:
+        raise ValueError(f"no such study folder: {missing}")
     paths: dict[str, dict[int, Path]] = {k: {} for k in ["reference", *methods]}
     ref = collect(dirs, "reference", steps, metric, paths["reference"])
     runs = {}
@@ -139,15 +161,29 @@ def main(
             s = summary([runs[b][k] - runs[a][k] for k in common])
             result["pairs"][f"{b}-{a}"] = {**s, "seeds": common}
             if s["n"]:
+                p = "n/a, all tied" if s["sign_p"] is None else f"{s['sign_p']:.2g}"
                 print(f"{b:>8} - {a}: {s['mean']:+.3f} ({_spread(s)}); {b} higher on {s['positive']}/{s['n']} seeds, "
-                      f"{s['ties']} tied (sign test p {s['sign_p']:.2g})")  # fmt: skip
+                      f"{s['ties']} tied (sign test p {p})")  # fmt: skip
+    if not any(s["n"] for s in [*result["vs_full_precision"].values(), *result["pairs"].values()]):
+        raise ValueError(f"nothing paired in {[str(d) for d in dirs]} (format {fmt}, methods {methods}, metric "
+                         f"{metric}): no result written; check the folders, format= and methods=")  # fmt: skip
     name = "_".join([*([tag] if tag else []), fmt, *([] if metric == "reward" else [metric])])
-    write_json(ROOT / f"benchmarks/results/paired_{name}.json", result)
+    path = ROOT / f"benchmarks/results/paired_{name}.json"
+    old = json.loads(path.read_text()) if path.exists() and not overwrite else result
+    if (old.get("dirs"), sorted(old.get("vs_full_precision", {}))) != (result["dirs"], sorted(methods)):
+        raise ValueError(f"{path.relative_to(ROOT)} holds a comparison of other folders or methods ({old.get('dirs')}, "
+                         f"{sorted(old.get('vs_full_precision', {}))}), which the docs may cite: pass tag=NAME to "
+                         "write another file, or overwrite=true to replace it")  # fmt: skip
+    write_json(path, result)
     return result
 
 
+KEYS = ("format", "methods", "steps", "metric", "tag", "overwrite")
+
 if __name__ == "__main__":
     kw = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+    if set(kw) - set(KEYS):
+        sys.exit(f"unknown option(s) {sorted(set(kw) - set(KEYS))}; choose from {list(KEYS)}")
     dirs = [Path(a) for a in sys.argv[1:] if "=" not in a] or [Path("runs/compare")]
     main(
         dirs,
@@ -156,4 +192,5 @@ if __name__ == "__main__":
         int(kw.get("steps", 100)),
         kw.get("metric", "reward"),
         kw.get("tag", ""),
+        kw.get("overwrite", "false").lower() in ("1", "true", "yes"),
     )

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from aisrl.bench.report import machine, update_section, write_json
+from aisrl.bench.report import machine, machine_line, update_section, write_json
 from aisrl.report import TRAIN_PARTS
 from aisrl.train_config import load_config
 from aisrl.trainer import train
@@ -25,6 +25,8 @@ RUNS = {
 PHASES = ["time_rollout", "time_sync", "time_logprob", "time_correction", "time_train"]
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2 or (len(sys.argv) == 2 and sys.argv[1] not in RUNS):
+        sys.exit(f"usage: python benchmarks/step_time.py [{'|'.join(RUNS)}] (fixed runs, so that figures compare)")
     name = sys.argv[1] if len(sys.argv) > 1 else "lab"
     preset, overrides = RUNS[name]
     out = ROOT / f"runs/step_time_{name}"
@@ -49,7 +51,8 @@ if __name__ == "__main__":
                     for p in TRAIN_PARTS)  # fmt: skip
     body = (
         f"Command: `python benchmarks/step_time.py {name}` (preset `{preset}` with {' '.join(overrides)}; "
-        f"2 CPUs; mean over steps).\n\n| phase | seconds/step | share |\n|---|---|---|\n{rows}\n"
+        f"{machine_line(result['machine'])}; mean over steps).\n\n"
+        f"| phase | seconds/step | share |\n|---|---|---|\n{rows}\n"
         f"| **step** | **{step:.3f}** | AIS (`correct`) overhead: **{result['ais_overhead_percent']:.2f}%** |\n"
     )
     print(body)

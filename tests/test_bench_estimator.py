@@ -77,6 +77,14 @@ def test_run_summary_and_markdown():
     assert "| 1.0 | 0.3 |" in table and "mean MSE / MSE(oracle alpha*)" in table
 
 
+def test_a_sweep_point_with_no_gradient_to_compare_against_is_named():
+    # vocab 2, length 2, one instance: the rewards can all be equal, and an error relative to |g|^2 = 0 is no number
+    cfg = EstimatorBenchConfig(vocab=2, length=2, groups=1, group_size=2, batches=2, instances=1, strengths=[0.2],
+                               sharpness=[1.0])  # fmt: skip
+    with pytest.raises(ValueError, match="exact gradient of every instance is 0"):
+        run(cfg)
+
+
 def _markov_count_dist_by_enumeration(pol: MarkovPolicy, theta: torch.Tensor) -> torch.Tensor:
     lp = theta.log_softmax(-1)
     dist = torch.zeros(pol.L + 1, dtype=torch.float64)

@@ -39,3 +39,32 @@ def test_correlation_matches_pearson_and_its_permutation_p_value_separates_signa
     c0 = mg.correlation(dict(enumerate(x.tolist())), dict(enumerate(unrelated.tolist())), permutations=2000)
     # |r| of unrelated samples of 60 is about 0.13; the permutation p of such an r is far from small
     assert abs(c0["r"]) < 0.35 and c0["p"] > 0.01
+
+
+def test_twins_must_share_a_start_and_an_undefined_correlation_has_no_p_value(tmp_path, monkeypatch):
+    import json
+
+    mg = load_benchmark("mismatch_vs_gap")
+    monkeypatch.setattr(mg, "ROOT", tmp_path)
+    assert mg.correlation({1: 0.0, 2: 0.0, 3: 0.0}, {1: 0.3, 2: 0.1, 3: 0.2}) == {"r": None, "p": None, "n": 3,
+                                                                                 "slope": None}  # fmt: skip
+
+    def run(kind, seed, acc, k3, start="aa"):
+        p = tmp_path / "s" / kind / f"seed{seed}"
+        p.mkdir(parents=True, exist_ok=True)
+        rows = [{"step": i, "reward": 0.5, "k3_kl": k3 * i, "eval_accuracy": acc} for i in range(1, 11)]
+        (p / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (p / "start.json").write_text(json.dumps({"weights": start}))
+
+    rng = random.Random(0)
+    for seed in range(5):
+        run("reference", seed, 0.5, 0.0)
+        for m in ("tis", "ais"):
+            run(f"f/{m}", seed, 0.5 - rng.random() * 0.1, 0.01 + rng.random() * 0.01)
+    run("f/ais", 7, 0.2, 0.5)  # a seed under one method only: nothing left once its mean is out, so left out
+    run("reference", 7, 0.5, 0.0)
+    out = mg.main([tmp_path / "s"], "f", ["tis", "ais"], steps=10)
+    assert out["runs"] == 10 and out["last_fifth_k3"]["n"] == 10
+    run("f/tis", 3, 0.4, 0.01, start="bb")  # seed 3's tis run began from other weights than its twin
+    with pytest.raises(ValueError, match=r"seed 3\) started from different weights"):
+        mg.main([tmp_path / "s"], "f", ["tis", "ais"], steps=10)

@@ -94,6 +94,21 @@ def test_bias_noise_split_and_best_alpha_match_their_closed_forms():
         assert res["segment"][f"alpha*_err@{h}"] == pytest.approx(a / (a + 1.0 / h), abs=0.03)
 
 
+def test_a_true_gradient_drowned_in_noise_gives_no_norm_rather_than_a_crash():
+    # with few salts and noise far above |g|^2 (a heavy-tailed batch), the unbiased |E g_m|^2 of a jackknife
+    # replicate can be negative: its square root is not a number, and the measurement must still come back
+    gb = load_benchmark("gradient_bias")
+    gen = torch.Generator().manual_seed(3)
+    K, P = 16, 50
+    g = torch.randn(P, generator=gen) / P**0.5
+    nan = 0
+    for _ in range(20):
+        rows = lambda: g + torch.randn(K, P, generator=gen) * (80 / P) ** 0.5  # noqa: E731
+        res = gb.measure(rows(), {"none": rows(), "tis": rows()}, [1, 10])
+        nan += sum(res[m]["norm_ratio"] != res[m]["norm_ratio"] for m in ("none", "tis"))
+    assert nan > 0  # some draws have no real norm, and say so with NaN (before: a TypeError on a complex number)
+
+
 def test_calibration_picks_the_unbiased_end_point_once_enough_pooled_batches_average_its_noise():
     gb = load_benchmark("gradient_bias")
     gen = torch.Generator().manual_seed(1)

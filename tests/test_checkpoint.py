@@ -38,7 +38,11 @@ def test_start_is_recorded_once_and_runs_without_one_pair_with_anything(tmp_path
 
 def test_a_resume_records_the_new_length_and_keeps_every_other_key(tmp_path):
     first = {"max_steps": 100, "eval_every": 20, "lr": 5e-4, "lab": {"target": [0.4, 0.9]}}
-    record_config(tmp_path, first)
+    record_config(tmp_path, {**first, "lr": 1.0})
+    record_config(tmp_path, first)  # no checkpoint yet (the first start failed): nothing to continue, a new record
+    assert json.loads((tmp_path / "config.json").read_text())["lr"] == 5e-4
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest").write_text("step_000020")  # from here on the record is the run's
     record_config(tmp_path, {**first, "max_steps": 300}, write=False)  # a rank that may not write changes nothing
     assert json.loads((tmp_path / "config.json").read_text())["max_steps"] == 100
     # a later version without lab.target: the key only the record has is kept, the resumable one moves

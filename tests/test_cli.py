@@ -38,6 +38,30 @@ def test_the_main_job_is_one_preset_everywhere():
     assert cfg.lab.trace == "columns" and cfg.lab.target is None  # a fixed-length warm start (the same on any CPU)
 
 
+def test_a_preset_path_holding_an_equals_sign_is_a_preset_and_options_may_follow_overrides(tmp_path, monkeypatch):
+    # `aisrl branch` names its folders after the settings it changes (step80_rollout.quant=none): their config.json
+    # must read as a preset, not as the override "…/step80_rollout.quant" = "none/config.json"
+    import argparse
+    import json
+
+    from aisrl.cli import _is_override, _train_config
+    from aisrl.train_config import load_config
+
+    run = tmp_path / "step1_rollout.quant=none"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"max_steps": 7, "lr": 0.002}))
+    cfg = _train_config(argparse.Namespace(preset=str(run / "config.json"), overrides=["eval_every=7"]))
+    assert (cfg.max_steps, cfg.lr, cfg.eval_every) == (7, 0.002, 7)
+    assert _is_override("correction.name=tis") and not _is_override("runs/x=1/c.yaml") and not _is_override("lab")
+    assert load_config("lab", ["max_steps=3"]).max_steps == 3
+    seen = {}
+    monkeypatch.setattr("aisrl.cli._mismatch", lambda args: seen.update(vars(args)) or 0)
+    assert main(["mismatch", "prompts=2", "--model", "tiny-llama", "max_new_tokens=4"]) == 0
+    assert seen["model"] == "tiny-llama" and seen["overrides"] == ["prompts=2", "max_new_tokens=4"]
+    with pytest.raises(SystemExit):
+        main(["train", "lab", "--nope"])
+
+
 def test_eval_scores_a_run_with_the_settings_it_recorded(tmp_path):
     """A run trained with seed=3 is scored on seed 3's held-out problems, whatever preset `aisrl eval` is given."""
     import argparse
@@ -72,3 +96,11 @@ def test_help_lists_every_key_with_its_default_and_documentation(command, shown,
         main([command, "--help"])
     out = capsys.readouterr().out
     assert e.value.code == 0 and all(s in out for s in shown), out[-2000:]
+
+
+def test_branch_adds_bare_training_keys_to_a_train_list(monkeypatch):
+    seen = {}
+    monkeypatch.setattr("aisrl.branch.run_branches", lambda cfg: seen.setdefault("cfg", cfg) and {})
+    monkeypatch.setattr("aisrl.branch.table", lambda result: "")
+    assert main(["branch", "run=r", "step=1", "max_steps=3", "train=[lr=1e-3]"]) == 0
+    assert seen["cfg"].train == ["lr=1e-3", "max_steps=3"]

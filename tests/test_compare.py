@@ -1,6 +1,7 @@
 """The comparison study: a reduced real run (2 methods, 1 seed, 2 steps), resume/skip, aggregation math."""
 
 import json
+import math
 import statistics
 
 import pytest
@@ -102,10 +103,35 @@ def test_summaries_and_aggregation_match_hand_computed_values(tmp_path):
     # correct answer above half its best (1.5 -> 0.5 + 0.5 * accuracy), but its accuracy falls to 0
     lost = [dict(r, accuracy=a, reward=0.5 + 0.5 * a) for r, a in zip(seeds[1], [0.9] * 7 + [0.0] * 3, strict=True)]
     assert lost[-1]["reward"] > 0.5 * lost[0]["reward"] and summarize_run(lost, 0.5)["collapsed"]
+    # a non-finite row (a NaN k3 from a step that lost every token, say) is left out, not a crash or a NaN summary
+    nan = [dict(r, k3_kl=math.nan if r["step"] == 10 else r["k3_kl"], alpha=math.nan) for r in seeds[1]]
+    nan[-1]["eval_accuracy"] = math.nan
+    s = summarize_run(nan, 0.5)
+    assert s["k3_kl_late"] == pytest.approx(0.9) and s["alpha_late"] is None and s["alpha_kl_corr"] is None
+    assert (s["eval_final"], s["eval_best"], s["fell"]) == (0.3, 0.3, False)
     # an unfinished run is reported missing, not averaged in
     g = aggregate(cfg, plan(cfg), max_steps=12)["groups"]["mxfp4/tis"]
     assert g["runs"] == {} and g["missing"] == [0, 1] and g["eval_final"] == (None, None)
-    assert "mxfp4" not in table({"groups": {"mxfp4/tis": g}})  # groups without runs get no row
+    shown = table({"groups": {"mxfp4/tis": g}})
+    assert "| mxfp4" not in shown and "not finished, left out of every cell: mxfp4 tis: [0, 1]" in shown  # no row
+
+
+def test_paired_differences_leave_out_seeds_whose_runs_started_apart(tmp_path):
+    cfg = CompareConfig(methods=["tis"], formats=["mxfp4"], seeds=[0, 1, 2], out=str(tmp_path))
+    for run in plan(cfg):
+        d = run.path(tmp_path)
+        d.mkdir(parents=True)
+        base = 0.5 if run.reference else 0.4 + 0.1 * run.seed
+        rows = _fake_rows([base] * 10, {10: 0.3}, 0.2, [0.1] * 10)
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        start = "bb" if (run.seed, run.reference) == (1, False) else "aa"  # seed 1's tis run began elsewhere
+        (d / "start.json").write_text(json.dumps({"weights": start}))
+    result = aggregate(cfg, plan(cfg), max_steps=10)
+    g = result["groups"]["mxfp4/tis"]
+    assert result["mixed_starts"] == [1] and g["paired_seeds"] == [0, 2]
+    assert g["reward_vs_reference"][0] == pytest.approx((-0.1 + 0.1) / 2)  # seeds 0 and 2 only
+    shown = table(result)
+    assert "(2 pairs)" in shown and "Seeds [1] hold runs that started from different weights" in shown
 
 
 def test_only_current_final_scores_are_aggregated(tmp_path):
@@ -159,6 +185,8 @@ def test_publish_writes_results_and_benchmarks_section(tmp_path):
         ({"formats": ["fp7"]}, "fp7"),
         ({"only": ["int4/ais"]}, "only='int4/ais' is not a group"),
         ({"seeds": []}, "nothing to compare"),
+        ({"seeds": [0, 1, 0]}, r"seeds lists \[0\] more than once"),
+        ({"methods": ["tis", "tis"]}, r"methods lists \[.tis.\] more than once"),
         ({"jobs": -1}, "jobs must be >= 0"),
         ({"train": ["seed=3"]}, "seed is set per run by the study; choose it with seeds="),
         ({"train": ["output_dir=runs/x"]}, "output_dir is set per run by the study; choose it with out="),
@@ -302,7 +330,7 @@ def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch)
     run("a", "fmt/tis", 0, [0.0] * 8 + [0.45, 0.47])
     run("b", "fmt/tis", 1, [0.0] * 8 + [0.6, 0.6])
     run("b", "fmt/tis", 2, [0.0] * 5)
-    out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["none", "tis"], steps=10)
+    out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["none", "tis"], steps=10, overwrite=True)
     none, tis = out["vs_full_precision"]["none"], out["vs_full_precision"]["tis"]
     assert none["seeds"] == [0, 1, 2] and abs(none["mean"] + 0.1) < 1e-12 and none["std"] < 1e-12
     assert tis["seeds"] == [0, 1] and abs(tis["mean"] - (-0.04 + 0.0) / 2) < 1e-12
@@ -312,25 +340,27 @@ def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch)
     # two methods are compared on every seed both finished, also where no full-precision run exists yet
     run("b", "fmt/none", 3, [0.0] * 8 + [0.3, 0.3])
     run("b", "fmt/tis", 3, [0.0] * 8 + [0.2, 0.2])
-    out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["none", "tis"], steps=10)
+    out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["none", "tis"], steps=10, overwrite=True)
     assert out["vs_full_precision"]["tis"]["seeds"] == [0, 1] and out["pairs"]["tis-none"]["seeds"] == [0, 1, 3]
     assert abs(out["pairs"]["tis-none"]["mean"] - (0.06 + 0.1 - 0.1) / 3) < 1e-12
     for kind in ("fmt/none", "fmt/tis"):
         (tmp_path / "b" / kind / "seed3" / "metrics.jsonl").unlink()
     run("c", "fmt/tis", 1, [0.0] * 8 + [0.9, 0.8])  # METHOD@DIR: tis under other settings, in its own directory
-    out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["tis", f"tis@{tmp_path / 'c'}"], steps=10)
+    out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["tis", f"tis@{tmp_path / 'c'}"], steps=10, overwrite=True)
     other = out["vs_full_precision"][f"tis@{tmp_path / 'c'}"]
     assert other["seeds"] == [1] and abs(other["mean"] - 0.25) < 1e-12  # paired with b's reference of seed 1
     assert out["pairs"][f"tis@{tmp_path / 'c'}-tis"]["seeds"] == [1]
     run("c", "fmt2/tis", 1, [0.0] * 8 + [0.7, 0.7])  # FORMAT/METHOD: the same method under another format
-    out = mod.main([tmp_path / "a", tmp_path / "b", tmp_path / "c"], "fmt", ["tis", "fmt2/tis"], steps=10)
+    abc = [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
+    out = mod.main(abc, "fmt", ["tis", "fmt2/tis"], steps=10, overwrite=True)
     assert out["vs_full_precision"]["fmt2/tis"]["seeds"] == [1]
     assert abs(out["pairs"]["fmt2/tis-tis"]["mean"] - 0.1) < 1e-12
-    # a final-model score instead: only runs that have a final_eval.json count
+    # a final-model score instead: only runs that have a final_eval.json (of the model at `steps`) count
+    scored = lambda v, at=10: {"settings": {"checkpoint": f"step_{at:06d}"}, "policy_reward": v}  # noqa: E731
     for d, kind, seed, score in (("a", "reference", 0, 0.8), ("b", "reference", 1, 0.7), ("a", "fmt/tis", 0, 0.75),
                                  ("b", "fmt/tis", 1, 0.72), ("b", "fmt/tis", 2, 0.1)):  # fmt: skip
-        (tmp_path / d / kind / f"seed{seed}" / "final_eval.json").write_text(json.dumps({"policy_reward": score}))
-    out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["none", "tis"], steps=10, metric="policy_reward")
+        (tmp_path / d / kind / f"seed{seed}" / "final_eval.json").write_text(json.dumps(scored(score)))
+    out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["none", "tis"], 10, "policy_reward", overwrite=True)
     tis = out["vs_full_precision"]["tis"]  # seed 2's tis run is unfinished, so its score does not count
     assert tis["seeds"] == [0, 1] and abs(tis["mean"] - (-0.05 + 0.02) / 2) < 1e-12
     assert out["vs_full_precision"]["none"]["n"] == 0 and out["metric"] == "policy_reward"
@@ -340,7 +370,7 @@ def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch)
     (stale / "checkpoints" / "latest").write_text("step_000010")
     old_scores = {"settings": {"checkpoint": "step_000008"}, "policy_reward": 0.72}
     (stale / "final_eval.json").write_text(json.dumps(old_scores))
-    out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["tis"], steps=10, metric="policy_reward")
+    out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["tis"], steps=10, metric="policy_reward", overwrite=True)
     assert out["vs_full_precision"]["tis"]["seeds"] == [0] and out["vs_full_precision"]["tis"]["std"] is None
     # the held-out greedy accuracy of the last step; a run that did not evaluate there does not count
     for d, kind, seed, acc in (("a", "reference", 0, 0.5), ("b", "reference", 1, 0.4), ("a", "fmt/none", 0, 0.45),
@@ -357,6 +387,41 @@ def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch)
     assert (tmp_path / "benchmarks/results/paired_x_fmt_greedy_accuracy.json").exists()
     with pytest.raises(ValueError, match="unknown metric 'acc'; choose from"):
         mod.main([tmp_path / "a"], "fmt", ["tis"], steps=10, metric="acc")
+
+
+def test_paired_seeds_reads_every_score_of_a_seed_from_one_run_and_protects_published_files(tmp_path, monkeypatch):
+    mod = load_benchmark("paired_seeds")
+    monkeypatch.setattr(mod, "ROOT", tmp_path)
+
+    def run(d, kind, seed, reward, scored=None, held=None):
+        p = tmp_path / d / kind / f"seed{seed}"
+        p.mkdir(parents=True)
+        (p / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "reward": reward}) + "\n" for i in (1, 2)))
+        if scored:
+            (p / "final_eval.json").write_text(json.dumps({"settings": {"checkpoint": scored}, "held_accuracy": held}))
+
+    run("ref", "reference", 0, 0.5, "step_000002", 0.5)
+    run("guarded", "fmt/tis", 0, 0.4)  # finished, never scored: its seed has no held accuracy...
+    run("plain", "fmt/tis", 0, 0.3, "step_000002", 0.9)  # ...rather than the score of its unguarded twin
+    dirs = [tmp_path / "ref", tmp_path / "guarded", tmp_path / "plain"]
+    assert mod.main(dirs, "fmt", ["tis"], steps=2)["vs_full_precision"]["tis"]["mean"] == pytest.approx(-0.1)
+    with pytest.raises(ValueError, match="nothing paired"):
+        mod.main(dirs, "fmt", ["tis"], steps=2, metric="held_accuracy")
+    assert not (tmp_path / "benchmarks/results/paired_fmt_held_accuracy.json").exists()
+    # a final model scored at another step than the one asked for is not that step's model
+    run("late", "fmt/none", 0, 0.5, "step_000002", 0.7)
+    assert mod.collect([tmp_path / "late"], "fmt/none", 2, "held_accuracy") == {0: 0.7}
+    assert mod.collect([tmp_path / "late"], "fmt/none", 1, "held_accuracy") == {}
+    # every seed tied: printed, not a crash
+    run("tied", "fmt/none", 0, 0.4)
+    out = mod.main([*dirs[:2], tmp_path / "tied"], "fmt", ["tis", "none"], steps=2, tag="t")
+    assert out["pairs"]["none-tis"]["ties"] == 1 and out["pairs"]["none-tis"]["sign_p"] is None
+    # a file the docs may cite is not replaced by a comparison of other folders or methods
+    with pytest.raises(ValueError, match="holds a comparison of other folders or methods"):
+        mod.main([tmp_path / "ref", tmp_path / "tied"], "fmt", ["none"], steps=2, tag="t")
+    assert mod.main([tmp_path / "ref", tmp_path / "tied"], "fmt", ["none"], steps=2, tag="t", overwrite=True)
+    with pytest.raises(ValueError, match="no such study folder"):
+        mod.main([tmp_path / "nowhere"], "fmt", ["tis"], steps=2)
 
 
 def test_paired_seeds_counts_ties_and_gives_an_exact_sign_test():

@@ -61,6 +61,22 @@ def test_strings_stay_strings_and_lists_accept_bare_items():
     assert apply_overrides(C(), ["name='1'"]).name == "1"
 
 
+def test_a_list_of_integers_takes_a_span():
+    @dataclass
+    class Study:
+        seeds: list[int] = field(default_factory=list)
+        rates: list[float] = field(default_factory=list)
+
+    assert apply_overrides(Study(), ["seeds=[3,...,7]"]).seeds == [3, 4, 5, 6, 7]
+    assert apply_overrides(Study(), ["seeds=[ 42, ..., 42 ]"]).seeds == [42]
+    with pytest.raises(ValueError, match=r"\[9,...,2\] runs backwards"):
+        apply_overrides(Study(), ["seeds=[9,...,2]"])
+    with pytest.raises(ValueError, match=r"seeds\[2\]' expects int"):  # only a first and a last around the dots
+        apply_overrides(Study(), ["seeds=[1,2,...,5]"])
+    with pytest.raises(ValueError, match=r"rates\[1\]' expects float"):  # integers only
+        apply_overrides(Study(), ["rates=[1,...,5]"])
+
+
 @dataclass
 class Pair:
     band: tuple[float, float] = (0.1, 0.7)

@@ -46,6 +46,31 @@ def test_generation_commits_the_scheduled_tokens_inside_the_current_block_only(r
     assert torch.equal(x, again) and torch.equal(alone[0], x[0])
 
 
+class PositionFree(torch.nn.Module):
+    """Logits of a position that depend only on its token (random weights): padding cannot change them."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(V, V)
+        torch.nn.init.normal_(self.table.weight, std=3.0, generator=torch.Generator().manual_seed(0))
+
+    def forward(self, x, attention_mask=None):
+        return SimpleNamespace(logits=self.table(x))
+
+
+def test_a_rows_sample_does_not_depend_on_its_batch_mates_prompt_lengths(monkeypatch):
+    params = DiffusionParams(gen_length=8, block_length=4, steps=4, temperature=1.0)
+    model = PositionFree()
+    batch, _ = diffusion_generate(model, [[1, 2, 3, 4, 5], [6, 7]], params, mask_id=MASK, seeds=[0, 1])
+    alone, _ = diffusion_generate(model, [[6, 7]], params, mask_id=MASK, seeds=[1])
+    assert torch.equal(batch[1, 5:], alone[0, 2:])  # the short row, padded by 3 in the batch, samples the same
+    # the largest uniform the generator gives: the FP32 CDF may end below it, and the draw must still not be [MASK]
+    top = 1 - 2**-24
+    monkeypatch.setattr(torch, "rand", lambda *shape, generator=None: torch.full(shape, top))
+    x, _ = diffusion_generate(model, [[6, 7]] * 4, params, mask_id=MASK, seeds=[0, 1, 2, 3])
+    assert not (x[:, 2:] == MASK).any()
+
+
 class Toy(torch.nn.Module):
     """logits[b, i, v] = 2 [v == x_bi] + 1 [v == 3] [x_bi == MASK] + 0.5 [v == 4] * (#masked prompt tokens of b)."""
 
@@ -109,5 +134,9 @@ def test_bad_generation_parameters_are_named():
         DiffusionParams(gen_length=10, block_length=4)
     with pytest.raises(ValueError, match="multiple of the number of blocks"):
         DiffusionParams(gen_length=8, block_length=4, steps=3)
+    with pytest.raises(ValueError, match="block_length=0 must be >= 1"):
+        DiffusionParams(gen_length=8, block_length=0)
+    with pytest.raises(ValueError, match="block_length=-8 must be >= 1"):
+        DiffusionParams(gen_length=8, block_length=-8)
     with pytest.raises(ValueError, match="unknown remasking 'best'"):
         DiffusionParams(remasking="best")

@@ -37,6 +37,11 @@ def test_unknown_format_fails_before_loading(capsys):
     assert "with a preset or start, ['model', 'temperature'] come from the preset ('lab')" in capsys.readouterr().err
     assert main(["mismatch", "--preset", "lab", "--model", "smollm2", "--task", "arithmetic"]) == 2  # the defaults too
     assert "with a preset or start, ['model', 'task'] come from the preset ('lab')" in capsys.readouterr().err
+    for args, message in ((["--formats", ","], "formats is empty"), (["prompts=0"], "prompts must be >= 1, got 0"),
+                          (["max_new_tokens=0"], "max_new_tokens must be >= 1, got 0"),
+                          (["--out", "pyproject.toml/x"], "--out pyproject.toml/x cannot be created")):  # fmt: skip
+        assert main(["mismatch", "--model", "tiny-llama", *args]) == 2
+        assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kind", ["causal", "diffusion"])

@@ -168,6 +168,12 @@ def test_sync_tracks_trainer_updates_and_bad_inputs():
         model = _mistral()
         model.config.sliding_window = 16
         Engine(model, max_len=32)
+    # dynamic NTK scales the rotary frequencies by the current length; a table built once for max_len would not
+    dynamic = tiny_model("tiny-llama", max_position_embeddings=32, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    with pytest.raises(ValueError, match="'dynamic' RoPE scaling changes with the sequence length"):
+        Engine(dynamic, max_len=64)
+    linear = tiny_model("tiny-llama", max_position_embeddings=32, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    Engine(linear, max_len=64)  # a fixed rescaling is the same at every length: run
 
 
 def test_state_is_reused_safely_across_calls():

@@ -66,6 +66,10 @@ def test_cached_until_the_weights_or_settings_change(tmp_path, monkeypatch):
     monkeypatch.setattr(fe, "_rewards", lambda *a, **k: [(0.5, False)])
     hotter = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, temperature=0.5))
     assert fe.evaluate_final(cfg.output_dir, hotter, samples=2, held_samples=1)["policy_reward"] == 0.5  # new config
+    # aggregation reads the scores of the step it pairs at: a run continued past it has another final model
+    assert fe.cached_scores(cfg.output_dir, 2)["policy_reward"] == 0.5
+    assert fe.cached_scores(cfg.output_dir, 2, step=2)["policy_reward"] == 0.5
+    assert fe.cached_scores(cfg.output_dir, 2, step=1) is None and fe.cached_scores(cfg.output_dir, 1) is None
     monkeypatch.setattr(fe, "_rewards", lambda *a, **k: [(1.0, True)])
     path = latest_checkpoint(cfg.output_dir) / "model.safetensors"
     state = load_file(path)

@@ -220,3 +220,22 @@ def test_a_rollout_copy_is_refused_when_the_trainer_shards_the_weights(tmp_path,
     with pytest.raises(ValueError, match="FSDP / DeepSpeed ZeRO-3 shard them"):
         AISGRPOTrainer(model=model, reward_funcs=reward_w5, args=grpo_args(tmp_path), train_dataset=ds,
                        processing_class=tok, rollout_quant="fp8_e4m3_w8a8")  # fmt: skip
+
+
+@pytest.mark.parametrize("positional", [False, True])
+def test_the_callers_grpo_config_is_left_as_it_was(tmp_path, monkeypatch, positional):
+    # With vLLM the adapter switches TRL's own correction off so that the ratio applies once; it does so on a copy:
+    # the caller's GRPOConfig may be shared with another trainer (a baseline run with TRL's correction, say).
+    seen = {}
+    monkeypatch.setattr(trl.GRPOTrainer, "__init__", lambda self, model, *a, **kw: seen.update(a=a, kw=kw))
+    model, tok, ds = tiny_setup()
+    cfg = grpo_args(tmp_path, use_vllm=True)
+    assert cfg.vllm_importance_sampling_correction  # TRL's default
+    with pytest.warns(UserWarning, match="on a copy of your GRPOConfig"):
+        if positional:
+            AISGRPOTrainer(model, reward_w5, cfg, train_dataset=ds, processing_class=tok)
+        else:
+            AISGRPOTrainer(model=model, reward_funcs=reward_w5, args=cfg, train_dataset=ds, processing_class=tok)
+    used = seen["a"][1] if positional else seen["kw"]["args"]
+    assert used is not cfg and not used.vllm_importance_sampling_correction
+    assert cfg.vllm_importance_sampling_correction and used.output_dir == cfg.output_dir

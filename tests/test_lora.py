@@ -89,3 +89,25 @@ def test_lora_reference_is_the_base_model_with_adapters_off(tmp_path, monkeypatc
     with _as_reference(peft_model):
         torch.testing.assert_close(peft_model(x), base_layer(x))  # adapters off: the reference
     assert peft_model.training  # train mode restored
+
+
+def test_active_dropout_is_found_where_it_makes_the_ppo_ratio_noisy():
+    # The trainer warns when dropout is on: old log-probs are computed without it, so no ratio is 1 on-policy.
+    from aisrl.update import active_dropout
+
+    assert active_dropout(tiny_model(seed=0)) == 0.0
+    assert active_dropout(apply_lora(tiny_model(seed=0), r=2, alpha=4, targets=["q_proj"])) == 0.0
+    assert active_dropout(apply_lora(tiny_model(seed=0), r=2, alpha=4, targets=["q_proj"], dropout=0.1)) == 0.1
+    model = tiny_model(seed=0)
+    model.config.attention_dropout = 0.05
+    assert active_dropout(model) == 0.05
+
+
+def test_a_target_whose_weight_is_tied_is_refused():
+    # SmolLM2 ties lm_head to the embeddings: an adapter on lm_head changes the head but not the embedding, and the
+    # rollout copy (whose tied weight is one parameter) would receive only one of the two
+    model = tiny_model(seed=0, tie_word_embeddings=True)
+    with pytest.raises(ValueError, match=r"adapts 'lm_head', whose weight is tied to \['model.embed_tokens.weight'\]"):
+        apply_lora(model, r=2, alpha=4, targets=["q_proj", "lm_head"])
+    apply_lora(tiny_model(seed=0, tie_word_embeddings=True), r=2, alpha=4, targets=["q_proj"])  # the default targets
+    apply_lora(tiny_model(seed=0), r=2, alpha=4, targets=["lm_head"])  # an untied head may be adapted

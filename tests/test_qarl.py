@@ -97,3 +97,35 @@ def test_error_tokens_flag_loops_and_ratio_runs_only():
     # padding is never flagged, even when it repeats
     pad = torch.zeros(1, t, dtype=torch.long)
     assert not error_tokens(pad, torch.zeros(1, t, dtype=torch.bool)).any()
+
+
+def test_the_kl_reference_of_an_aligned_run_is_aligned_too(tmp_path, monkeypatch):
+    # With kl_coef > 0 the reference is the starting policy as the aligned trainer computes it: before any update the
+    # KL to it is 0, not the quantisation gap (a KL term that would pull the 4-bit function towards full precision)
+    import json
+
+    from conftest import TINY_LAB
+
+    from aisrl.train_config import load_config
+    from aisrl.trainer import train
+
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    out = tmp_path / "run"
+    cfg = load_config("lab", [*TINY_LAB, "max_steps=1", "rollout.align=true", "rollout.quant=mxfp4_w4a4",
+                              "loss=tbpo", "correction.name=none", "kl_coef=0.1", f"output_dir={out}"])  # fmt: skip
+    train(cfg, log=lambda _: None)
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["k3_kl"] < 1e-12 and row["kl_ref"] == 0.0
+
+
+def test_settings_that_would_bring_the_mismatch_back_are_refused():
+    from aisrl.train_config import load_config, validate
+
+    base = ["rollout.align=true", "loss=tbpo", "correction.name=none"]
+    # BF16 autocast of every operation the aligned layers do not cover: the copy computes them in FP32
+    with pytest.raises(ValueError, match="use precision=fp32 with rollout.align"):
+        validate(load_config("lab", [*base, "rollout.quant=fp8_e4m3_w8a8", "precision=bf16"]))
+    # an FP8 KV cache the trainer does not reproduce would be most of what is left
+    with pytest.raises(ValueError, match="not the FP8 KV cache of 'fp8_e4m3_w8a8_kv'"):
+        validate(load_config("lab", [*base, "rollout.quant=fp8_e4m3_w8a8_kv"]))
+    validate(load_config("lab", [*base, "rollout.quant=fp8_e4m3_w8a8"]))

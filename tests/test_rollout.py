@@ -2,6 +2,7 @@
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -90,6 +91,9 @@ def test_eos_stops_a_row_and_pads_the_rest(model):
     assert r.completion_mask.sum(1).tolist() == first
     assert r.completion_ids[0, :3].tolist() == free.completion_ids[0, :3].tolist()
     assert (r.completion_ids[~r.completion_mask] == 0).all() and (r.rollout_logp[~r.completion_mask] == 0).all()
+    for same in (torch.tensor(eos), np.int64(eos), [np.int64(eos)]):  # an id from a tensor or an array is an id
+        again = generate(model, PROMPTS, SamplingParams(max_new_tokens=6, greedy=True), eos_id=same, pad_id=0)
+        assert torch.equal(again.completion_mask, r.completion_mask)
 
 
 def test_seeds_make_requests_reproducible_and_independent(model):
@@ -168,3 +172,52 @@ def test_a_kv_preset_samples_with_an_fp8_cache_by_default(model):
     default, fp8, full = (generate(kv, PROMPTS, p, seeds=[1, 2, 3], kv_cache_fp8=k) for k in (None, True, False))
     assert torch.equal(default.rollout_logp, fp8.rollout_logp) and not torch.equal(fp8.rollout_logp, full.rollout_logp)
     assert torch.equal(generate(plain, PROMPTS, p, seeds=[1, 2, 3]).rollout_logp, full.rollout_logp)
+    from aisrl.policy import CausalPolicy  # the trainer's sampler follows the model the same way unless told
+
+    policy = CausalPolicy(p, pad_id=0, eos_id=[])
+    assert torch.equal(policy.sample(kv, PROMPTS, [1, 2, 3], step=0).rollout_logp, fp8.rollout_logp)
+    assert torch.equal(policy.sample(kv, PROMPTS, [1, 2, 3], step=0, kv_fp8=False).rollout_logp, full.rollout_logp)
+
+
+def _finishing_model(family: str):
+    """A tiny causal LM of a family whose forward changes the output head's logits (a scale or a soft cap)."""
+    transformers = pytest.importorskip("transformers")
+    shape = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+             "num_attention_heads": 2, "num_key_value_heads": 1, "pad_token_id": 0, "eos_token_id": 2}  # fmt: skip
+    torch.manual_seed(0)
+    if family == "granite":
+        model = transformers.GraniteForCausalLM(transformers.GraniteConfig(**shape, logits_scaling=8.0))
+    elif family == "cohere":
+        model = transformers.CohereForCausalLM(transformers.CohereConfig(**shape, logit_scale=0.25))
+    else:
+        cfg = transformers.Gemma2Config(**shape, head_dim=16, final_logit_softcapping=5.0)
+        model = transformers.Gemma2ForCausalLM(cfg)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(40)  # logits of tens: the finishing changes the distribution
+    return model.eval()
+
+
+@pytest.mark.parametrize("family", ["granite", "cohere", "gemma2"])
+def test_trainer_log_probs_finish_the_logits_as_the_models_forward_does(family):
+    # logprobs runs the decoder and the head itself (to chunk the head): without the family's finishing, the
+    # trainer's log-probs are of another distribution than the sampler's (0.2 to 25 nats apart on these models)
+    model = _finishing_model(family)
+    p = SamplingParams(6)
+    r = generate(model, [[1, 5, 6, 7], [1, 9]], p, seeds=[1, 2], eos_id=[])
+    lp = logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, p)
+    torch.testing.assert_close(lp, r.rollout_logp, atol=1e-5, rtol=1e-5)
+
+
+def test_a_logit_finishing_it_does_not_know_is_an_error():
+    model = tiny_model(seed=0)
+
+    class Doubled(type(model)):  # a family whose forward doubles the logits, which logprobs cannot know
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = 2 * out.logits
+            return out
+
+    model.__class__ = Doubled
+    ids, mask = torch.tensor([[1, 5]]), torch.ones(1, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match="Doubled's forward changes its output head's logits"):
+        logprobs(model, ids, mask, ids, mask)

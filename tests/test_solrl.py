@@ -22,6 +22,8 @@ def test_select_extremes_keeps_bottom_and_top_per_prompt():
     r = torch.tensor([nan, 0.0, 2.0, 1.0, nan, 3.0])
     assert select_extremes(r, pool=6, keep=4).tolist() == [1, 3, 2, 5]
     assert select_extremes(torch.full((4,), nan), pool=4, keep=2).tolist() == [0, 3]  # nothing scored: any
+    inf = float("inf")  # nor are infinite ones, which the advantages treat as unscored too (advantage 0)
+    assert select_extremes(torch.tensor([0.0, 1.0, 0.0, 1.0, inf, -inf]), pool=6, keep=4).tolist() == [0, 2, 1, 3]
     with pytest.raises(ValueError, match="keep must be in"):
         select_extremes(rewards, pool=6, keep=7)
     with pytest.raises(ValueError, match="pool=5"):
@@ -48,3 +50,16 @@ def test_trainer_with_solrl_pool_and_qarl_tbpo_runs(tmp_path, monkeypatch):
         train(load_config("lab", [*TINY_LAB, "rollout.align=true", "rollout.quant=none", f"output_dir={out}x"]))
     with pytest.raises(ValueError, match="unknown loss 'ppo'"):
         train(load_config("lab", [*TINY_LAB, "loss=ppo", f"output_dir={out}y"]))
+
+
+def test_more_samples_a_step_than_the_seed_streams_hold_is_refused():
+    # a step's sampling seeds are stream * 4096 + row: past 4096 rows they would repeat the next step's
+    from aisrl.train_config import load_config, validate
+
+    validate(load_config("lab", ["prompts_per_step=256", "group_size=16"]))  # 4096 exactly
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 1000000000\)"):  # seed * 1000003 * 4096 in int64
+        validate(load_config("lab", ["seed=10000000000"]))
+    with pytest.raises(ValueError, match="= 4128 samples a step"):
+        validate(load_config("lab", ["prompts_per_step=258", "group_size=16"]))
+    with pytest.raises(ValueError, match=r"prompts_per_step x rollout.pool = 8192"):
+        validate(load_config("lab", ["prompts_per_step=256", "rollout.pool=32", "correction.name=none"]))

@@ -181,7 +181,8 @@ save_checkpoint({str(tmp_path)!r}, 2, m, torch.optim.AdamW(m.parameters()), {{}}
         (["max_steps=three"], "config key 'max_steps' expects int"),
         (["correction.name=magic"], "unknown correction 'magic'; choose from"),
         (["task=chess", "model.name=smollm2"], "unknown task 'chess'; choose from"),
-        (["task=jsonl", "dataset=missing.jsonl", "model.name=smollm2"], "dataset 'missing.jsonl' not found"),
+        (["task=jsonl", "dataset=missing.jsonl", "model.name=smollm2"], "dataset='missing.jsonl' does not exist"),
+        (["task=dataset", "model.name=smollm2"], "dataset='' is not set: give its path with dataset=PATH"),
         (["task_options=max_operand"], "config key 'task_options' expects a mapping with text keys"),
         (["task_options={'bogus': 1}", "model.name=smollm2"], "task 'arithmetic' got options ['bogus']; it accepts"),
         (["task_options={'max_operand': 9}"], "task_options is set, but model.name=lab trains on its own task"),
@@ -203,6 +204,12 @@ save_checkpoint({str(tmp_path)!r}, 2, m, torch.optim.AdamW(m.parameters()), {{}}
         (["rollout.temperature=0"], "rollout settings: temperature must be > 0"),
         (["rollout.top_p=2"], "rollout settings: top_p must be in (0, 1]"),
         (["lr=-1"], "config key 'lr' must be > 0, got -1"),
+        (["lab.task=reasoning_gym"], "lab.task='reasoning_gym': the lab trains on a procedural task; choose from"),
+        (["lab.max_operand=-1"], "lab.max_operand must be >= 1, got -1"),
+        (["lab.task=sudoku4", "lab.sudoku_holes=99"], "lab.sudoku_holes is the number of blanks of a 4x4 grid"),
+        (["lab.target=[0.9,0.4]"], "lab.target is an accuracy band [low, high]"),
+        (["lora.r=-1"], "lora.r must be >= 0"),
+        (["lora.r=4", "lora.dropout=1.5"], "lora.dropout in [0, 1)"),
         (["clip_low=1.5"], "config key 'clip_low' must be in [0, 1)"),
         (["kl_coef=-0.1"], "config key 'kl_coef' must be >= 0"),
         (["correction.name=tis", "correction.ema=0.9"], "correction 'tis' got unknown option(s) ['ema', 'prev_alpha']"),
@@ -257,6 +264,10 @@ def test_rollout_keep_leaves_those_layers_of_the_rollout_copy_in_full_precision(
 def test_unknown_preset_lists_the_presets(capsys, tmp_path):
     assert main(["train", "nonexistent-preset"]) == 2
     assert "unknown preset 'nonexistent-preset'" in capsys.readouterr().err
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text("{}")  # `aisrl eval RUN` is natural to try: say what works
+    assert main(["eval", str(tmp_path / "run")]) == 2
+    assert f"is a run's folder: pass output_dir={tmp_path / 'run'}" in capsys.readouterr().err
     bad = tmp_path / "bad.yaml"
     bad.write_text("lr: : 3\n")
     assert main(["train", str(bad)]) == 2
@@ -335,8 +346,13 @@ def test_gpu_run_matches_cpu_run(tmp_path):
 
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
-def test_every_preset_is_a_valid_config(preset):
+def test_every_preset_is_a_valid_config(preset, tmp_path):
     cfg = load_config(preset, ["device=cpu"])  # GPU presets are checked here without a GPU
+    if cfg.task in ("dataset", "jsonl"):  # a preset for the user's own file: the file must exist to validate
+        with pytest.raises(ValueError, match=f"dataset={cfg.dataset!r} does not exist"):
+            validate(cfg)
+        (tmp_path / "data.jsonl").write_text('{"question": "1+1?", "answer": "2"}\n')
+        cfg = load_config(preset, ["device=cpu", f"dataset={tmp_path / 'data.jsonl'}"])
     validate(cfg)
     assert cfg.max_steps >= 1 and cfg.output_dir.startswith("runs/")
 

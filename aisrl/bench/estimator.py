@@ -370,6 +370,9 @@ def run(cfg: EstimatorBenchConfig) -> dict:
         # Pooled relative MSE: sum of squared errors over instances / sum of |g|^2. A per-instance ratio
         # would let an instance whose exact gradient is ~0 (a reward plateau) dominate the point.
         norm2 = sum(d["grad_norm2"] for d in diags)
+        if norm2 <= 0:  # every instance's exact gradient is 0 (vocab 2, length 2, one instance: all rewards equal)
+            raise ValueError(f"at sharpness {sharp}, strength {strength} the exact gradient of every instance is 0, "
+                             "so no error is relative to anything: raise instances, vocab or length")  # fmt: skip
         mse = {k: sum(m[k] for m in mses) / norm2 for k in mses[0]}
         diag = {k: sum(d[k] for d in diags) / (norm2 if k.startswith(POOLED) else len(diags)) for k in diags[0]}
         points.append({"sharpness": sharp, "strength": strength, "mse": mse, **diag})

@@ -42,11 +42,21 @@ def write_json(path: str | Path, data: dict) -> None:
     atomic_write_text(path, json.dumps(data, indent=1))
 
 
+def machine_line(m: dict | None = None) -> str:
+    """`machine()` in a few words, for the line under a benchmark's table: what the figures were measured on."""
+    m = m or machine()
+    where = f"{m['cuda']}, " if m.get("cuda") else ""
+    return f"{where}{m.get('cpu') or m['processor']}, {m['cpus']} CPUs, torch {m['torch']}"
+
+
 def update_section(path: str | Path, name: str, body: str) -> None:
     """Replace the text between `<!-- BEGIN name -->` and `<!-- END name -->`, appending if absent."""
     path = Path(path)
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
+    if text.count(begin) > 1 or text.count(begin) != text.count(end) or text.find(end) < text.find(begin):
+        raise ValueError(f"{path}: the markers of section {name!r} are unpaired or repeated; mend them by hand "
+                         f"(one {begin} line, then one {end} line), so that no text between them is lost")  # fmt: skip
     block = f"{begin}\n{body.rstrip()}\n{end}"
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"

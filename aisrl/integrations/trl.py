@@ -126,11 +126,16 @@ class AISGRPOTrainer(GRPOTrainer):
             _check_rollout_copy_settings(model, train_args, kwargs)
         if use_vllm and correction != "none" and getattr(train_args, "vllm_importance_sampling_correction", False):
             warnings.warn(
-                "AISGRPOTrainer sets GRPOConfig.vllm_importance_sampling_correction=False: the "
-                f"{correction!r} correction replaces TRL's, so the ratio is applied once",
+                "AISGRPOTrainer trains with vllm_importance_sampling_correction=False (on a copy of your GRPOConfig): "
+                f"the {correction!r} correction replaces TRL's, so the ratio is applied once",
                 stacklevel=2,
             )
+            train_args = copy.copy(train_args)  # the caller's GRPOConfig is theirs: change a copy of it
             train_args.vllm_importance_sampling_correction = False  # one correction, ours, not two
+            if kwargs.get("args") is not None:
+                kwargs["args"] = train_args
+            else:
+                args = (args[0], train_args, *args[2:])
         self._aisrl = {"name": correction, "options": dict(correction_options or {}), "prev_alpha": None}
         self._rollout, self._synced_step, self._generations = None, None, 0
         if rollout_quant is not None:  # copy before TRL patches the model's forward in place
