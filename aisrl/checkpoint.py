@@ -172,7 +172,10 @@ def saved_weights(output_dir: str | Path, step: int) -> Path:
     return path
 
 
-def save_checkpoint(output_dir, step: int, model, optimizer, extra: dict, keep: int = 2) -> Path:
+def save_checkpoint(output_dir, step: int, model, optimizer, extra: dict, keep: int = 2,
+                    rank_rng: list[dict] | None = None) -> Path:  # fmt: skip
+    """Write the checkpoint of `step` atomically and point `latest` at it. `rank_rng`: every rank's generator states
+    under torchrun (each rank draws its own dropout masks), restored by rank for an exact resume."""
     root = _dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = checkpoint_dir(output_dir, step)
@@ -184,6 +187,8 @@ def save_checkpoint(output_dir, step: int, model, optimizer, extra: dict, keep: 
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = torch.cuda.get_rng_state_all()
+    if rank_rng is not None:
+        rng["ranks"] = rank_rng
     torch.save({"optimizer": optimizer.state_dict(), "step": step, "rng": rng, "extra": extra}, tmp / "state.pt")
     for f in (tmp / "model.safetensors", tmp / "state.pt", tmp):
         _fsync(f)  # on disk before anything points at it
@@ -225,12 +230,18 @@ def latest_checkpoint(output_dir) -> Path | None:
     return path
 
 
-def load_checkpoint(path: Path, model, optimizer) -> dict:
-    """Restore model, optimizer and RNG state; returns {'step': ..., 'extra': ...}."""
+def load_checkpoint(path: Path, model, optimizer, rank: int = 0) -> dict:
+    """Restore model, optimizer and RNG state (this rank's, where every rank's was saved); returns {'step': ...,
+    'extra': ...}."""
     model.load_state_dict(load_file(path / "model.safetensors"))
     state = torch.load(path / "state.pt", weights_only=True, map_location="cpu")  # the optimizer moves it to its params
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"]["torch"])
     if "cuda" in state["rng"] and torch.cuda.is_available() and len(state["rng"]["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])  # a run resumed on another GPU count keeps the CPU RNG only
+    ranks = state["rng"].get("ranks") or []
+    if rank < len(ranks):  # the same number of processes as when saved, or more: this rank's own generators
+        torch.set_rng_state(ranks[rank]["torch"])
+        if "cuda" in ranks[rank] and torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.set_rng_state(ranks[rank]["cuda"])  # this rank's device
     return {"step": state["step"], "extra": state["extra"]}

@@ -73,7 +73,11 @@ class MaskedDiffusionLM(nn.Module):
         t = input_ids.shape[1]
         if t > self.max_len:
             raise ValueError(f"sequence of {t} tokens exceeds the model's max_len={self.max_len}")
-        h = self.embed(input_ids) + self.pos(torch.arange(t, device=input_ids.device))
+        if attention_mask is None:
+            pos = torch.arange(t, device=input_ids.device)  # (T,)
+        else:  # counted from each row's first token: left padding does not move a row's positions
+            pos = (attention_mask.long().cumsum(1) - 1).clamp(min=0)  # (B, T)
+        h = self.embed(input_ids) + self.pos(pos)
         keep = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T) keys
         for blk in self.blocks:
             h = blk(h, keep)
@@ -185,10 +189,13 @@ def diffusion_logprobs(model, x: torch.Tensor, attn: torch.Tensor, prompt_len: i
 
     One forward pass on x with every completion position masked and each real prompt token masked with
     probability p_mask, drawn from torch.Generator seeded with `seed` (share it between rollout and trainer).
-    The draws are per position, shared by the rows, so any subset of rows (a micro-batch) gets the masks it
-    gets inside the whole batch."""
-    g = torch.Generator().manual_seed(seed)
-    draws = torch.rand(prompt_len, generator=g).expand(x.shape[0], prompt_len)  # (B, P): one draw per position
+    The draws are per prompt token, counted from the row's first one and the same for every row, so a row gets
+    the masks it gets in any batch (a micro-batch, another rank's share, another padding width)."""
+    lengths = attn[:, :prompt_len].sum(1).tolist()
+    draws = torch.ones(x.shape[0], prompt_len)  # (B, P): padding never masked
+    for i, n in enumerate(lengths):
+        if n:
+            draws[i, prompt_len - n :] = torch.rand(n, generator=torch.Generator().manual_seed(seed))
     noisy = x.clone()
     prompt_masked = (draws < p_mask) & attn[:, :prompt_len]
     noisy[:, :prompt_len] = torch.where(prompt_masked, mask_id, x[:, :prompt_len])

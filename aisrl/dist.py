@@ -48,6 +48,24 @@ def _reduce(xs: tuple[torch.Tensor, ...], op) -> tuple[torch.Tensor, ...]:
     return tuple(v.to(x.dtype) for v, x in zip(flat.unbind(0), xs, strict=True))
 
 
+def all_gather_cpu(t: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's `t` (a CPU tensor of one shape and dtype on every rank), in rank order; [t] in one process."""
+    if not is_distributed():
+        return [t]
+    out = [torch.empty_like(t) for _ in range(world_size())]
+    torch.distributed.all_gather(out, t)
+    return out
+
+
+def rank_rng_states(device: torch.device) -> list[dict]:
+    """Every rank's generator states (CPU, and its GPU's), in rank order: each rank draws its own dropout masks."""
+    own = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        own["cuda"] = torch.cuda.get_rng_state(device)
+    gathered = [all_gather_cpu(v) for v in own.values()]  # per key: one tensor per rank
+    return [dict(zip(own, states, strict=True)) for states in zip(*gathered, strict=True)]
+
+
 def all_sum(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Sum scalars over ranks (identity on one process)."""
     return _reduce(xs, dist.ReduceOp.SUM if is_distributed() else None)

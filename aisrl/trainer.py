@@ -38,7 +38,7 @@ from aisrl.checkpoint import (
     save_checkpoint,
 )
 from aisrl.correction import correct, restrict
-from aisrl.dist import all_sum
+from aisrl.dist import all_sum, rank_rng_states
 from aisrl.lora import apply_lora, merged_state
 from aisrl.losses import group_advantages
 from aisrl.policy import CausalPolicy, DiffusionPolicy
@@ -214,7 +214,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
     start, prev_alpha, guard_state, end_point, past = 0, None, {}, {cfg.correction.name: 1.0}, []
     ckpt = latest_checkpoint(out)
     if ckpt is not None:
-        state = load_checkpoint(ckpt, model, opt)
+        state = load_checkpoint(ckpt, model, opt, rank)
         start, prev_alpha = state["step"], state["extra"].get("prev_alpha")
         guard_state = _guard_state(cfg, state["extra"], log)
         # the last calibration's pick (a name in checkpoints before mixtures); without calibration the configured
@@ -336,12 +336,14 @@ def train(cfg: TrainConfig, log=print) -> dict:
                **loss_metrics, **t}  # fmt: skip
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             row.update(evaluations())
+        save_now = step % cfg.checkpoint_every == 0 or step == cfg.max_steps
+        rngs = rank_rng_states(device) if save_now and world > 1 else None  # every rank takes part
         if rank == 0:
             tracker.log_step(row)
-            if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
+            if save_now:
                 kept = {"prev_alpha": prev_alpha, "k3": guard.history, "guard_undo": guard.state(),
                         "k3_rollout": _mismatch_key(cfg), "end_point": end_point, "calibrations": list(past)}
-                save_checkpoint(out, step, model, opt, kept)
+                save_checkpoint(out, step, model, opt, kept, rank_rng=rngs)
     if rank != 0:
         return {}
     tracker.close()

@@ -171,14 +171,14 @@ class MismatchGuard:
     def __init__(self, factor: float, window: int = 10, history: list[float] | None = None, saved=None):
         self.factor, self.window = factor, window
         on = factor > 0  # off, it keeps nothing: a later resume with the guard on must not undo to a stale copy
-        self.history = list(history or [])[-window:] if on else []
+        self.history = [h for h in history or [] if math.isfinite(h)][-window:] if on else []
         self.saved = (saved["model"], saved["optimizer"]) if on and saved is not None else None
         self.rebased = False
 
     def tripped(self, k3: float) -> bool:
         """Whether the last update is to be undone for this batch's k3 (updates the baseline when it is not)."""
         self.rebased = False
-        if self.factor <= 0:
+        if self.factor <= 0 or not math.isfinite(k3):  # an unmeasured batch neither trips nor enters the baseline
             return False
         bar = max(self.factor * statistics.median(self.history), self.MIN_K3) if self.history else math.inf
         jump = len(self.history) >= self.window // 2 and k3 > bar

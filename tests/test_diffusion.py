@@ -94,8 +94,9 @@ def test_d1_logprobs_match_a_hand_computation_and_are_seeded():
     cmask = torch.tensor([[True, True, True], [True, True, False]])
     got = diffusion_logprobs(Toy(p), x, attn, p, cmask, mask_id=MASK, p_mask=0.5, seed=7)
     # by hand: which prompt tokens the seed masks, then the toy's softmax at each (all-masked) completion slot
-    draws = torch.rand(p, generator=torch.Generator().manual_seed(7)).expand(2, p)  # one draw per position
-    n_masked = ((draws < 0.5) & attn[:, :p]).sum(-1).tolist()
+    # (the draws run over a row's own prompt tokens, from its first: row 1's 4 tokens take the first 4 draws)
+    n_masked = [int((torch.rand(int(n), generator=torch.Generator().manual_seed(7)) < 0.5).sum())
+                for n in attn[:, :p].sum(-1)]  # fmt: skip
     for b in range(2):
         row = [0.0] * V
         row[MASK] += 2
@@ -140,3 +141,20 @@ def test_bad_generation_parameters_are_named():
         DiffusionParams(gen_length=8, block_length=-8)
     with pytest.raises(ValueError, match="unknown remasking 'best'"):
         DiffusionParams(remasking="best")
+
+
+def test_the_tiny_model_and_d1_log_probs_do_not_see_the_padding():
+    # positions and prompt-mask draws are counted from each row's first token: a row samples and scores the same
+    # alone, beside a longer prompt, or padded wider (another rank's share under torchrun)
+    model = tiny_diffusion_model(V, MASK, hidden=32, layers=1)
+    params = DiffusionParams(gen_length=8, block_length=8, steps=4, temperature=1.0)
+    short, long_ = [1, 2, 3], [4, 5, 6, 7, 8, 9]
+    alone, attn = diffusion_generate(model, [short], params, mask_id=MASK, seeds=[7])
+    both, _ = diffusion_generate(model, [short, long_], params, mask_id=MASK, seeds=[7, 8])
+    assert torch.equal(alone[0, -8:], both[0, -8:])
+    done = torch.ones(1, 8, dtype=torch.bool)
+    lp = diffusion_logprobs(model, alone, attn, 3, done, mask_id=MASK, p_mask=0.5, seed=3)
+    wide = torch.cat([torch.zeros(1, 3, dtype=torch.long), alone], 1)
+    wide_attn = torch.cat([torch.zeros(1, 3, dtype=torch.bool), attn], 1)
+    lp_wide = diffusion_logprobs(model, wide, wide_attn, 6, done, mask_id=MASK, p_mask=0.5, seed=3)
+    torch.testing.assert_close(lp, lp_wide, atol=1e-5, rtol=1e-5)

@@ -397,6 +397,10 @@ def test_mismatch_guard_trips_on_a_jump_of_the_k3_kl_and_restores_the_saved_weig
     assert g.tripped(1000.0) and g.state()["model"]["weight"].shape == (2, 2)  # 4 x the median 55 is the bar
     exact = MismatchGuard(4.0, window=4, history=[0.0, 0.0], saved={"model": {}, "optimizer": {}})
     assert not exact.tripped(1e-7) and exact.tripped(2 * MismatchGuard.MIN_K3)  # bit-identical rollouts: median 0
+    # a NaN k3 (an unmeasured batch) neither trips nor enters the baseline, where its median would disarm the guard
+    nan = MismatchGuard(4.0, history=[0.01, math.nan], saved={"model": {}, "optimizer": {}})
+    assert nan.history == [0.01]
+    assert [nan.tripped(k) for k in (math.nan, 0.01, 0.01, 0.01, 0.01, 1.0)] == [False] * 5 + [True]
     off = MismatchGuard(0.0)
     assert not off.tripped(1e9) and off.history == [] and (off.save(model, opt), off.saved) == (None, None)
     # a guarded run resumed with the guard off drops its copy: nothing stale for a later resume with it on
