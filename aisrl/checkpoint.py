@@ -125,14 +125,19 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def config_changes(recorded: dict, config: dict, free: tuple[str, ...] = RESUMABLE) -> list[str]:
+def config_changes(recorded: dict, config: dict, free: tuple[str, ...] = RESUMABLE,
+                   defaults: dict | None = None) -> list[str]:  # fmt: skip
     """'key: old -> new' for every dotted key whose value differs between two config dicts, except `free` ones.
-    Keys only one side has are skipped: a field added by a later version keeps the earlier behaviour by default."""
+    A key the record lacks (a field added by a later version, which keeps the earlier behaviour at its default)
+    is a change only when `config` sets it away from its value in `defaults` (the config class's defaults)."""
     a, b = _flat(recorded), _flat(json.loads(json.dumps(config)))  # tuples compare as the lists JSON keeps
-    return [f"{k}: {a[k]!r} -> {b[k]!r}" for k in sorted(a.keys() & b.keys()) if k not in free and a[k] != b[k]]
+    out = [f"{k}: {a[k]!r} -> {b[k]!r}" for k in sorted(a.keys() & b.keys()) if k not in free and a[k] != b[k]]
+    d = _flat(json.loads(json.dumps(defaults))) if defaults is not None else {}
+    return out + [f"{k}: not recorded (the default {d[k]!r}) -> {b[k]!r}" for k in sorted(b.keys() - a.keys())
+                  if k in d and k not in free and b[k] != d[k]]  # fmt: skip
 
 
-def record_config(output_dir: str | Path, config: dict, write: bool = True) -> None:
+def record_config(output_dir: str | Path, config: dict, write: bool = True, defaults: dict | None = None) -> None:
     """Record `config` as the run's on its first start (`write`: this process may write it); on a later start,
     raise ValueError if it differs from the record in any key but RESUMABLE ones, and record the new values of
     those. Every other key of the record stays as it was, including keys this version no longer has. A record
@@ -144,7 +149,7 @@ def record_config(output_dir: str | Path, config: dict, write: bool = True) -> N
             atomic_write_text(path, json.dumps(config, indent=1))
         return
     recorded = json.loads(path.read_text())
-    changes = config_changes(recorded, config)
+    changes = config_changes(recorded, config, defaults=defaults)
     if changes:
         raise ValueError(f"{output_dir} holds a run started with another config ({'; '.join(changes)}); resume "
                          f"with the same settings, pick a new output_dir, or delete {path} to continue this "

@@ -216,7 +216,7 @@ def _check_runs(runs: list[Run], cfg: CompareConfig) -> None:
     """Raise, before anything trains, if a run's settings cannot train (naming its group), or if its recorded
     config (its first start's) differs from what this invocation would train."""
     from aisrl.checkpoint import config_changes
-    from aisrl.train_config import load_config, validate
+    from aisrl.train_config import TrainConfig, load_config, validate
 
     for run in runs:
         tc = load_config(cfg.preset, run.overrides(cfg))
@@ -225,8 +225,8 @@ def _check_runs(runs: list[Run], cfg: CompareConfig) -> None:
         except ValueError as e:
             raise ValueError(f"{run.group} cannot train with these settings: {e}") from e
         path = run.path(cfg.out) / "config.json"
-        if path.exists():
-            changes = config_changes(json.loads(path.read_text()), asdict(tc))
+        if path.exists() and latest_step(run.path(cfg.out)) is not None:  # no checkpoint: nothing to continue
+            changes = config_changes(json.loads(path.read_text()), asdict(tc), defaults=asdict(TrainConfig()))
             if changes:
                 raise ValueError(f"{run.path(cfg.out)} was trained with other settings ({'; '.join(changes)}); "
                                  f"re-run with the study's original overrides, or use a new out=")  # fmt: skip

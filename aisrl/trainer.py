@@ -175,7 +175,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
         raise ValueError(f"prompts_per_step ({cfg.prompts_per_step}) must divide evenly over {world} processes")
     log = log if rank == 0 else (lambda _: None)
     out = Path(cfg.output_dir)  # created once everything is built: a run that fails to start leaves no directory
-    record_config(out, dataclasses.asdict(cfg), write=False)  # a resumed run must be the same experiment
+    defaults = dataclasses.asdict(TrainConfig())  # a field the record predates must be at its default
+    record_config(out, dataclasses.asdict(cfg), write=False, defaults=defaults)  # a resume is the same experiment
     if world > 1 and cfg.model.name == "lab":  # rank 0 builds the cached lab model, the others then load it
         if rank == 0:
             build(cfg)
@@ -233,7 +234,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
             raise ValueError(f"output_dir={out} cannot be created ({e.strerror}); choose another output_dir") from e
         record_start(out, model)  # which weights this run starts from: pairs of runs must share them
     # everything built: this run is under way (a resume with nothing left to train leaves the record as it is)
-    record_config(out, dataclasses.asdict(cfg), write=rank == 0 and start < cfg.max_steps)
+    record_config(out, dataclasses.asdict(cfg), write=rank == 0 and start < cfg.max_steps, defaults=defaults)
     metrics_path = out / "metrics.jsonl"
     if rank == 0:
         rows = [r for r in read_jsonl(metrics_path) if r["step"] <= start]  # drop rows of steps after the checkpoint

@@ -51,6 +51,11 @@ def test_a_resume_records_the_new_length_and_keeps_every_other_key(tmp_path):
     with pytest.raises(ValueError, match=r"another config \(lr: 0.0005 -> 0.001\)"):
         record_config(tmp_path, {**first, "max_steps": 400, "lr": 1e-3})
     assert json.loads((tmp_path / "config.json").read_text())["max_steps"] == 300  # a refused start writes nothing
+    # a field the record predates: at its default it keeps the old behaviour; set away from it, it is a change
+    defaults = {"max_steps": 100, "eval_every": 20, "lr": 5e-4, "new_field": 1, "veto": 0.0}
+    record_config(tmp_path, {**first, "max_steps": 300, "veto": 0.0}, defaults=defaults)
+    with pytest.raises(ValueError, match=r"veto: not recorded \(the default 0.0\) -> 0.05"):
+        record_config(tmp_path, {**first, "max_steps": 300, "veto": 0.05}, defaults=defaults)
 
 
 def test_metrics_file_with_a_cut_last_line_reads_without_it(tmp_path):

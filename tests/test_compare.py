@@ -246,6 +246,8 @@ def test_a_study_re_run_with_other_overrides_is_refused(tmp_path):
         run.path(cfg.out).mkdir(parents=True)
         recorded = asdict(load_config("lab", [*run.overrides(cfg)[1:], "max_steps=7"]))  # trained without lr=1e-3
         (run.path(cfg.out) / "config.json").write_text(json.dumps(recorded))
+        (run.path(cfg.out) / "checkpoints").mkdir()
+        (run.path(cfg.out) / "checkpoints" / "latest").write_text("step_000007")  # a record with weights behind it
     with pytest.raises(ValueError, match=r"reference/seed0 was trained with other settings \(lr: 0.0005 -> 0.001\)"):
         run_study(cfg, log=lambda _: None)
     cfg.train = ["lr=5e-4", "max_steps=9"]  # the recorded settings (the length may differ): aggregation goes on
