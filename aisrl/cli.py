@@ -65,7 +65,7 @@ def _train(args) -> int:
 def _compare(args) -> int:
     """`[PRESET] [key=value ...]`: keys of CompareConfig configure the study, any other key trains every run."""
     from aisrl.compare import CompareConfig, run_study
-    from aisrl.compare_report import table
+    from aisrl.compare_report import final_table, table
     from aisrl.config import apply_overrides
 
     cfg = CompareConfig(preset=_preset_and_overrides(args)[0] or "lab")
@@ -74,6 +74,8 @@ def _compare(args) -> int:
     cfg.train += train
     result = run_study(cfg)
     print(table(result))
+    if scored := final_table(result):  # the final models' scores, where they were scored
+        print(f"\n{scored}")
     print(f"results: {cfg.out}/compare.json  figure: {cfg.out}/compare.png")
     return 0
 

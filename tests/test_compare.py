@@ -204,6 +204,17 @@ def test_cli_reports_a_bad_method_without_running(tmp_path, capsys):
     assert "unknown method 'nope'" in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 
+def test_cli_prints_the_final_models_table_where_they_were_scored(tmp_path, capsys, monkeypatch):
+    g = {"format": "fp8", "method": "ais", "reference": False, "runs": {"0": {"policy_reward": 0.5}}, "missing": [],
+         "policy_reward": (0.5, None), "policy_vs_reference": (None, None), "sampler_reward": (0.4, None),
+         "held_accuracy": (0.3, None)}  # fmt: skip
+    monkeypatch.setattr("aisrl.compare.run_study", lambda cfg: {"groups": {"fp8/ais": g}})
+    monkeypatch.setattr("aisrl.compare_report.table", lambda result: "main table")
+    assert main(["compare", f"out={tmp_path}"]) == 0
+    shown = capsys.readouterr().out
+    assert "main table" in shown and "| fp8 | ais | 1 | 0.500 |" in shown
+
+
 def test_settings_one_method_cannot_train_with_are_refused_before_any_run(tmp_path, capsys):
     """qarl refuses LoRA: the study says so before the warm start is built or the other methods train."""
     args = ["compare", "methods=[tis,qarl]", "formats=[int4]", "seeds=[0]", f"out={tmp_path}", "lora.r=4"]
