@@ -286,16 +286,13 @@ def _logit_finish(model):
         return cap * torch.tanh(logits / cap) if cap else logits
 
     if model not in _HEAD_CHECKED:
-        was = model.training
-        model.eval()  # no dropout: the two paths must see the same function
-        try:
-            with torch.no_grad():
-                ids = torch.tensor([[1, 2, 3]], device=device_of(model))
-                own = model(input_ids=ids).logits.float()
-                hidden = model.get_decoder()(input_ids=ids).last_hidden_state
-                ours = finish(model.get_output_embeddings()(hidden)).float()
-        finally:
-            model.train(was)
+        from aisrl.update import _eval_mode
+
+        with torch.no_grad(), _eval_mode(model):  # no dropout: the two paths must see the same function
+            ids = torch.tensor([[1, 2, 3]], device=device_of(model))
+            own = model(input_ids=ids).logits.float()
+            hidden = model.get_decoder()(input_ids=ids).last_hidden_state
+            ours = finish(model.get_output_embeddings()(hidden)).float()
         if not torch.allclose(own, ours, rtol=1e-3, atol=1e-3 * (1 + own.abs().max().item())):
             raise ValueError(f"{type(model).__name__}'s forward changes its output head's logits in a way "
                              "aisrl.rollout.logprobs does not reproduce (it knows Granite's logits_scaling, Cohere's "
