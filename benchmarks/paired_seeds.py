@@ -40,9 +40,9 @@ def last_fifth_reward(rows: list[dict], steps: int) -> float:
     return sum(tail) / len(tail)
 
 
-def score(run: Path, steps: int, metric: str) -> float | None:
+def score(run: Path, steps: int, metric: str, rows: list[dict] | None = None) -> float | None:
     """The run's `metric`, or None if the run is unfinished or was not scored."""
-    rows = run_rows(run)
+    rows = run_rows(run) if rows is None else rows  # (the caller's, if it read them already)
     if len(rows) < steps:
         return None  # unfinished
     if metric == "reward":
@@ -61,10 +61,6 @@ def score(run: Path, steps: int, metric: str) -> float | None:
     return scores.get(metric)
 
 
-def finished(run: Path, steps: int) -> bool:
-    return len(run_rows(run)) >= steps
-
-
 def collect(
     dirs: list[Path], kind: str, steps: int, metric: str = "reward", where: dict[int, Path] | None = None
 ) -> dict[int, float]:
@@ -78,10 +74,11 @@ def collect(
             if not digits.isdigit() or str(int(digits)) != digits:
                 continue  # not a run directory of `aisrl compare` (seed07, seed_old, ...)
             seed = int(digits)
-            if seed in chosen or not finished(run, steps):
+            rows = [] if seed in chosen else run_rows(run)
+            if len(rows) < steps:  # chosen already, or unfinished
                 continue
             chosen.add(seed)
-            value = score(run, steps, metric)
+            value = score(run, steps, metric, rows)
             if value is not None:
                 out[seed] = value
                 if where is not None:
