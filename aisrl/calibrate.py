@@ -166,6 +166,13 @@ def check_mixable(candidates: list[str], options: Callable[[str], dict]) -> None
                          f"calibrate_rule=pooled")  # fmt: skip
 
 
+def measured(record: dict) -> bool:
+    """Whether a calibration's record measured anything: a reference gradient of norm 0 (every full-precision group
+    had equal rewards) or not finite (it overflowed) does not, and such a record neither enters the mean of a window
+    nor takes one of its places."""
+    return 0 < record["calib_ref_norm"] < float("inf")
+
+
 def end_point_weights(
     candidates: list[str], low: Gradient, reference: torch.Tensor, old_logp, rollout_logp, mask, options, *,
     rule: str = "window", keep: dict[str, float] | None = None, past: Sequence[dict] = (),
@@ -197,7 +204,7 @@ def end_point_weights(
     record = {k: v.item() for k, v in metrics.items()}
     if rule in POOLING:
         record["diff"] = torch.stack(diffs)  # (C, P)
-    rounds = [r for r in [*past, record] if 0 < r["calib_ref_norm"] < float("inf")
+    rounds = [r for r in [*past, record] if measured(r)
               and all(f"calib_dist_{n}" in r for n in candidates)
               and (rule not in POOLING or ("diff" in r and r["diff"].shape == record["diff"].shape))]  # fmt: skip
     lam, gram = None, None

@@ -18,7 +18,8 @@ This module scores the final checkpoint of a run in three ways, each on many sam
 Sampling seeds do not depend on the run, so two runs of a seed are compared on the same prompts and the
 same uniform draws (common random numbers): their difference has less noise than either number.
 Results are cached in `<run>/final_eval.json` with the settings that produced them: hashes of the weights
-and of the run's configuration, so a run trained again, or scored under other settings, is scored again.
+and of the run's configuration, so a run trained again, or scored under other settings or by another version of this
+code (SCORER), is scored again.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ from aisrl.checkpoint import atomic_write_text
 
 SEED_BASE = 7_000_000_000
 """Sampling seeds of the evaluation: SEED_BASE + i for the i-th request, the same for every run."""
+SCORER = 2
+"""Version of the sampling and scoring code behind a cached score; raise it when a change moves scores. A score of
+another version is stale: scored again by `evaluate_final`, and not read by aggregation. 2: scores cached before
+versions existed predate fixes that move some runs' samples (the static engine's sampling, the log-probs of models
+that scale or soft-cap their logits)."""
 
 
 def _rewards(policy, model, task, tok, encode, problems: list, samples: int, kv_fp8: bool = False) -> list[tuple]:
@@ -96,7 +102,7 @@ def _settings(checkpoint: str, digest: str, cfg, samples: int, held_samples: int
             del where[key]
     run_hash = hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest()[:16]
     out = {"checkpoint": checkpoint, "weights_sha256": digest, "config_sha256": run_hash, "samples": samples,
-           "held_samples": held_samples, "seed_base": SEED_BASE}  # fmt: skip
+           "held_samples": held_samples, "seed_base": SEED_BASE, "scorer": SCORER}  # fmt: skip
     if cfg.dataset and cfg.task in ("dataset", "jsonl"):  # the config names the path; the problems are in the file
         out["dataset_sha256"] = _dataset_sha256(cfg.dataset)
     return out
@@ -117,7 +123,12 @@ def cached_scores(run_dir: str | Path, samples: int, step: int | None = None) ->
         return None
     scores = json.loads(cache.read_text())
     ok = scores.get("settings", {}).get("checkpoint") == ckpt.name and scores["settings"].get("samples") == samples
-    return scores if ok else None
+    return scores if ok and current(scores) else None
+
+
+def current(scores: dict) -> bool:
+    """Whether cached scores (a final_eval.json) were made by this version of the scorer (SCORER)."""
+    return scores.get("settings", {}).get("scorer") == SCORER
 
 
 def supported(cfg) -> bool:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from aisrl.calibrate import combine, end_point_weights
+from aisrl.calibrate import combine, end_point_weights, measured
 from aisrl.checkpoint import (
     atomic_write_text,
     latest_checkpoint,
@@ -205,8 +205,9 @@ def train(cfg: TrainConfig, log=print) -> dict:
     fit = pool[: cfg.eval_problems]  # training prompts: how well RL fits what it trains on, next to held-out
 
     def evaluations(suffix: str = "") -> dict:
-        return {f"eval_accuracy{suffix}": evaluate(model, tok, task, encode, held, policy),
-                f"fit_accuracy{suffix}": evaluate(model, tok, task, encode, fit, policy)}  # fmt: skip
+        shard = {"rank": rank, "world": world}  # every rank decodes its share
+        return {f"eval_accuracy{suffix}": evaluate(model, tok, task, encode, held, policy, **shard),
+                f"fit_accuracy{suffix}": evaluate(model, tok, task, encode, fit, policy, **shard)}  # fmt: skip
 
     if len(pool) < cfg.prompts_per_step or not held:
         raise ValueError(f"the task gives {len(pool)} training and {len(held)} held-out problems; need at least "
@@ -223,7 +224,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         if cfg.correction.calibrate_every and "end_point" in state["extra"]:
             picked = state["extra"]["end_point"]
             end_point = picked if isinstance(picked, dict) else {picked: 1.0}
-        past = state["extra"].get("calibrations", [])
+        past = [c for c in state["extra"].get("calibrations", []) if measured(c)]  # (older runs kept every one)
         sched.last_epoch = start  # the optimizer's restored lr is already the one for step start + 1
         sync(merged_state(model))
         log(f"resumed from {ckpt} at step {start}")
@@ -297,7 +298,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
             end_point, calibration, record = end_point_weights(
                 cfg.correction.candidates, low, g_full, old_logp, r.rollout_logp, r.completion_mask, options,
                 rule=cfg.correction.calibrate_rule, keep=end_point, past=past)  # fmt: skip
-            past.append(record)
+            if measured(record):  # an unmeasured calibration leaves the window's places to those that measured
+                past.append(record)
             t["time_calibrate"] = time.perf_counter() - t0
         if cfg.correction.calibrate_every:  # the candidate of largest weight, and every weight
             main = cfg.correction.candidates.index(max(end_point, key=end_point.get))
@@ -312,7 +314,9 @@ def train(cfg: TrainConfig, log=print) -> dict:
         res.metrics["error_token_frac"] = n_err / res.metrics["num_tokens"].clamp(min=1)
         if cfg.correction.mask_errors:
             res = restrict(res, ~errors)
-        if guard.tripped(res.metrics["k3_kl"].item()):  # the last update left the rollout copy behind: undo it
+        alpha = res.metrics["alpha"].item() if "alpha" in res.metrics else None
+        tripped = guard.tripped(res.metrics["k3_kl"].item())
+        if tripped:  # the last update left the rollout copy behind: undo it
             res = restrict(res, torch.zeros_like(res.mask))
             res.metrics["guard_rollback"] = torch.tensor(float(guard.restore(model, opt)))
         elif cfg.correction.guard > 0:
@@ -330,10 +334,10 @@ def train(cfg: TrainConfig, log=print) -> dict:
         t["time_train"] = time.perf_counter() - t0
         # 5. weight sync into the rollout copy
         t["time_sync"] = sync(merged_state(model))
-        prev_alpha = res.metrics["alpha"].item() if "alpha" in res.metrics else None
+        prev_alpha = prev_alpha if tripped else alpha  # a tripped batch is an outlier: it stays out of the AIS EMA
         row = {"step": step, **row, "reward": reward_sum / n_scored.clamp(min=1),
                "reward_nan_frac": 1.0 - n_scored / n_samples, "accuracy": n_correct / n_samples,
-               "completion_len": n_tokens / n_samples, "alpha": prev_alpha, **res.metrics, **calibration,
+               "completion_len": n_tokens / n_samples, "alpha": alpha, **res.metrics, **calibration,
                **loss_metrics, **t}  # fmt: skip
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             row.update(evaluations())
@@ -422,9 +426,18 @@ def _score_at(policy, model, rows, step, precision="fp32"):
 
 
 @torch.no_grad()
-def evaluate(model, tok, task, encode, problems, policy) -> float:
+def evaluate(model, tok, task, encode, problems, policy, *, rank: int = 0, world: int = 1) -> float:
     """Greedy accuracy of the full-precision model (QaRL-aligned layers are switched off for it, so every
-    method is evaluated the same way). `policy`: aisrl.policy.CausalPolicy or DiffusionPolicy."""
-    with alignment(model, False), _eval_mode(model):
-        r = policy.greedy(model, [encode(p) for p in problems])
-    return sum(s[1] for s in task_rewards(task, tok, r, problems)) / len(problems)
+    method is evaluated the same way). `policy`: aisrl.policy.CausalPolicy or DiffusionPolicy. Under torchrun
+    (every rank calling, with its `rank` of `world`) each rank decodes every world-th problem and the counts are
+    summed, so the ranks share the work and agree on the result."""
+    mine = problems[rank::world]
+    correct = 0.0
+    if mine:
+        with alignment(model, False), _eval_mode(model):
+            r = policy.greedy(model, [encode(p) for p in mine])
+        correct = float(sum(s[1] for s in task_rewards(task, tok, r, mine)))
+    if world > 1:
+        (total,) = all_sum(torch.tensor(correct, dtype=torch.float64))
+        correct = total.item()
+    return correct / len(problems)

@@ -3,23 +3,23 @@
     python benchmarks/paired_seeds.py runs/compare runs/compare_extra [format=mxfp4_w4a4] [methods=none,tis,ais]
         [metric=reward|greedy_accuracy|policy_reward|sampler_reward|held_accuracy|held_reward] [tag=NAME]
 
-A study grows by runs in several directories (more seeds later). This script pools them and compares each method's
-score with the reference run of the same seed (same prompts and sampling seeds; full precision on a CPU; JSON key
-`vs_full_precision`), then compares methods with each other seed by seed (over the seeds both finished, with or
-without a reference). Runs of one seed that started from different weights (start.json; a warm start rebuilt on
-another CPU) are refused. The score is the last-fifth training reward (`reward`, the default), the held-out greedy
-accuracy the trainer measured at the last step (`greedy_accuracy`; the run must evaluate at its last step), or one
-of the final-model scores `aisrl compare` writes to each run's final_eval.json (aisrl.final_eval). Only finished
-runs count: a run whose metrics stop before its last step, or that has no final_eval.json when one of its scores is
-asked for, is skipped. A method written `METHOD@DIR` is taken from that directory alone, so runs of one method
-under other training settings (a study with `rollout.keep`, say, in its own directory) pair with the same method
-without them: `methods=tis,ais,ais@runs/nv_keep`. A method written `FORMAT/METHOD` is taken from that rollout format
-instead of `format=`, so one method under two formats pairs by seed: `methods=ais,nvfp4_w4a4/ais`. Prints the
-numbers and writes benchmarks/results/paired_<format>.json (paired_<format>_<metric>.json for another score;
-paired_<tag>_<format>... with `tag=`, which keeps the results of another study apart). A file that holds a comparison
-of other folders or methods is not replaced (the docs may cite it) unless `overwrite=true`; an unknown option, a
-missing folder or a comparison with nothing paired is an error and writes nothing.
-"""
+A study grows by runs in several directories (more seeds later). This script pools them and compares each method's score
+with the reference run of the same seed (same prompts and sampling seeds; full precision on a CPU; JSON key
+`vs_full_precision`), then compares methods with each other seed by seed (over the seeds both finished, with or without
+a reference). Runs of one seed that started from different weights (start.json; a warm start rebuilt on another CPU) are
+refused. The score is the last-fifth training reward (`reward`, the default), the held-out greedy accuracy the trainer
+measured at the last step (`greedy_accuracy`; the run must evaluate at its last step), or one of the final-model scores
+`aisrl compare` writes to each run's final_eval.json (aisrl.final_eval). Only finished runs count: a run whose metrics
+stop before its last step, or that has no current final_eval.json (of its last step, made by this version of the scorer:
+aisrl.final_eval.SCORER) when one of its scores is asked for, is skipped. A method written `METHOD@DIR` is taken from
+that directory alone, so runs of one method under other training settings (a study with `rollout.keep`, say, in its own
+directory) pair with the same method without them: `methods=tis,ais,ais@runs/nv_keep`. A method written `FORMAT/METHOD`
+is taken from that rollout format instead of `format=`, so one method under two formats pairs by seed:
+`methods=ais,nvfp4_w4a4/ais`. Prints the numbers and writes benchmarks/results/paired_<format>.json
+(paired_<format>_<metric>.json for another score; paired_<tag>_<format>... with `tag=`, which keeps the results of
+another study apart). A file that holds a comparison of other folders or methods is not replaced (the docs may cite it)
+unless `overwrite=true`; an unknown option, a missing folder or a comparison with nothing paired is an error and writes
+nothing."""
 
 import json
 import math
@@ -30,6 +30,7 @@ from pathlib import Path
 from aisrl.bench.report import write_json
 from aisrl.checkpoint import same_start
 from aisrl.compare import run_rows
+from aisrl.final_eval import current
 
 ROOT = Path(__file__).resolve().parent.parent
 METRICS = ("reward", "greedy_accuracy", "policy_reward", "sampler_reward", "held_accuracy", "held_reward")
@@ -53,6 +54,8 @@ def score(run: Path, steps: int, metric: str, rows: list[dict] | None = None) ->
     if not final.exists():
         return None
     scores = json.loads(final.read_text())
+    if not current(scores):
+        return None  # scored by an older version of the scorer: `aisrl compare` scores it again
     scored = scores.get("settings", {}).get("checkpoint")
     if pointer.exists() and scored != pointer.read_text().strip():
         return None  # scores of an earlier checkpoint: the run went on after it was scored

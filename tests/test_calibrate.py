@@ -8,6 +8,7 @@ import torch
 from conftest import TINY_LAB, load_benchmark
 
 from aisrl.calibrate import _gram, check_candidates, combine, end_point_weights, pooled_noise, simplex_min
+from aisrl.checkpoint import latest_checkpoint
 from aisrl.correction import correct
 from aisrl.train_config import load_config, validate
 from aisrl.trainer import train
@@ -273,6 +274,34 @@ def test_a_resumed_run_keeps_its_pick_and_the_calibrations_it_averages(tmp_path,
             assert x[key] == y[key], key
         for key in (f"calib_pooled_{n}" for n in names):  # step 3's pooled step 1's differences, from the checkpoint
             assert x.get(key) == y.get(key) and (key in x) == (rule == "mix" and "calib_dist_tis" in x), key
+
+
+def test_a_calibration_that_measured_nothing_keeps_no_place_in_the_window(tmp_path, monkeypatch):
+    # a zero reference gradient (every full-precision group tied) is left out of the mean, and must not push a
+    # calibration that measured something out of the window either
+    from aisrl import trainer
+
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    real, calls = trainer._full_precision_gradient, []
+
+    def zero_at_step_3(*a, **k):
+        g = real(*a, **k)
+        calls.append(1)
+        return torch.zeros_like(g) if len(calls) == 2 else g
+
+    monkeypatch.setattr(trainer, "_full_precision_gradient", zero_at_step_3)
+    out = tmp_path / "run"
+    train(load_config("lab", [*TINY_LAB, "rollout.quant=fp8_e4m3_w8a8", "max_steps=4", f"output_dir={out}",
+                              "correction.calibrate_every=2", "correction.calibrate_window=2",
+                              "correction.calibrate_rule=pooled", "checkpoint_every=1"]), log=lambda _: None)
+    kept = torch.load(latest_checkpoint(out) / "state.pt", weights_only=True)["extra"]["calibrations"]
+    r = rows(out)
+    assert r[2]["calib_ref_norm"] == 0.0 and [c["calib_ref_norm"] for c in kept] == [r[0]["calib_ref_norm"]]
+    train(load_config("lab", [*TINY_LAB, "rollout.quant=fp8_e4m3_w8a8", "max_steps=5", f"output_dir={out}",
+                              "correction.calibrate_every=2", "correction.calibrate_window=2",
+                              "correction.calibrate_rule=pooled", "checkpoint_every=1"]), log=lambda _: None)
+    r = rows(out)  # step 5 pooled its calibration with step 1's (two of them: a noise estimate), not step 3's
+    assert all(f"calib_noise_{n}" in r[4] for n in ("tis", "prefix_tis", "seq_tis"))
 
 
 def test_calibration_noise_reads_the_calibrations_a_checkpoint_keeps(tmp_path):

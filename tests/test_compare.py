@@ -19,6 +19,7 @@ from aisrl.compare import (
     summarize_run,
 )
 from aisrl.compare_report import final_table, publish, table
+from aisrl.final_eval import SCORER
 
 
 @pytest.fixture(autouse=True)
@@ -145,7 +146,7 @@ def test_only_current_final_scores_are_aggregated(tmp_path):
         rows = _fake_rows([0.5] * 10, {10: 0.3}, 0.2, [0.1] * 10)
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         if scored_step is not None:
-            settings = {"checkpoint": f"step_{scored_step:06d}", "samples": 4}
+            settings = {"checkpoint": f"step_{scored_step:06d}", "samples": 4, "scorer": SCORER}
             scores = {"settings": settings, "policy_reward": 0.7 + seed / 10, "sampler_reward": 0.6,
                       "held_reward": 0.5, "held_accuracy": 0.1}  # fmt: skip
             (d / "final_eval.json").write_text(json.dumps(scores))
@@ -369,7 +370,8 @@ def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch)
     assert out["vs_full_precision"]["fmt2/tis"]["seeds"] == [1]
     assert abs(out["pairs"]["fmt2/tis-tis"]["mean"] - 0.1) < 1e-12
     # a final-model score instead: only runs that have a final_eval.json (of the model at `steps`) count
-    scored = lambda v, at=10: {"settings": {"checkpoint": f"step_{at:06d}"}, "policy_reward": v}  # noqa: E731
+    scored = lambda v, at=10: {"settings": {"checkpoint": f"step_{at:06d}", "scorer": SCORER},  # noqa: E731
+                               "policy_reward": v}  # fmt: skip
     for d, kind, seed, score in (("a", "reference", 0, 0.8), ("b", "reference", 1, 0.7), ("a", "fmt/tis", 0, 0.75),
                                  ("b", "fmt/tis", 1, 0.72), ("b", "fmt/tis", 2, 0.1)):  # fmt: skip
         (tmp_path / d / kind / f"seed{seed}" / "final_eval.json").write_text(json.dumps(scored(score)))
@@ -381,10 +383,15 @@ def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch)
     stale = tmp_path / "b" / "fmt/tis" / "seed1"  # trained on after it was scored: its score no longer counts
     (stale / "checkpoints").mkdir()
     (stale / "checkpoints" / "latest").write_text("step_000010")
-    old_scores = {"settings": {"checkpoint": "step_000008"}, "policy_reward": 0.72}
+    old_scores = {"settings": {"checkpoint": "step_000008", "scorer": SCORER}, "policy_reward": 0.72}
     (stale / "final_eval.json").write_text(json.dumps(old_scores))
     out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["tis"], steps=10, metric="policy_reward", overwrite=True)
     assert out["vs_full_precision"]["tis"]["seeds"] == [0] and out["vs_full_precision"]["tis"]["std"] is None
+    old_scores["settings"]["checkpoint"] = "step_000010"  # the final model's, but by a scorer of before a sampling fix
+    for scorer, expected in ((None, None), (SCORER - 1, None), (SCORER, 0.72)):
+        old_scores["settings"]["scorer"] = scorer
+        (stale / "final_eval.json").write_text(json.dumps(old_scores))
+        assert mod.score(stale, 10, "policy_reward") == expected
     # the held-out greedy accuracy of the last step; a run that did not evaluate there does not count
     for d, kind, seed, acc in (("a", "reference", 0, 0.5), ("b", "reference", 1, 0.4), ("a", "fmt/none", 0, 0.45),
                                ("b", "fmt/none", 1, None)):  # fmt: skip
@@ -411,7 +418,8 @@ def test_paired_seeds_reads_every_score_of_a_seed_from_one_run_and_protects_publ
         p.mkdir(parents=True)
         (p / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "reward": reward}) + "\n" for i in (1, 2)))
         if scored:
-            (p / "final_eval.json").write_text(json.dumps({"settings": {"checkpoint": scored}, "held_accuracy": held}))
+            settings = {"checkpoint": scored, "scorer": SCORER}
+            (p / "final_eval.json").write_text(json.dumps({"settings": settings, "held_accuracy": held}))
 
     run("ref", "reference", 0, 0.5, "step_000002", 0.5)
     run("guarded", "fmt/tis", 0, 0.4)  # finished, never scored: its seed has no held accuracy...

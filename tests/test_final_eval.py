@@ -70,6 +70,13 @@ def test_cached_until_the_weights_or_settings_change(tmp_path, monkeypatch):
     assert fe.cached_scores(cfg.output_dir, 2)["policy_reward"] == 0.5
     assert fe.cached_scores(cfg.output_dir, 2, step=2)["policy_reward"] == 0.5
     assert fe.cached_scores(cfg.output_dir, 2, step=1) is None and fe.cached_scores(cfg.output_dir, 1) is None
+    cache = tmp_path / "none" / "final_eval.json"
+    older = json.loads(cache.read_text())
+    older["settings"]["scorer"] = fe.SCORER - 1  # made by the scorer before a change that moves scores
+    cache.write_text(json.dumps(older))
+    assert fe.cached_scores(cfg.output_dir, 2) is None  # not read by aggregation...
+    assert fe.evaluate_final(cfg.output_dir, hotter, samples=2, held_samples=1)["settings"]["scorer"] == fe.SCORER
+    assert fe.cached_scores(cfg.output_dir, 2)["policy_reward"] == 0.5  # ...and scored again
     monkeypatch.setattr(fe, "_rewards", lambda *a, **k: [(1.0, True)])
     path = latest_checkpoint(cfg.output_dir) / "model.safetensors"
     state = load_file(path)

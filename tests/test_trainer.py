@@ -308,6 +308,24 @@ def test_completions_are_scored_without_the_eos_token():
     assert Arithmetic().reward(decoded, Problem("1+1", "2")) == (1.5, True)
 
 
+def test_evaluation_splits_the_problems_over_ranks(monkeypatch):
+    # under torchrun each rank decodes every world-th problem; the shares' counts add up to one process's
+    from aisrl.trainer import evaluate, make_policy, problem_sets
+
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward",  # correct by the completion and the problem both
+                        lambda self, text, p: (0.0, (len(text) + len(p.question)) % 2 == 0))  # fmt: skip
+    cfg = load_config("lab", TINY)
+    model, tok, task, encode = build(cfg)
+    policy = make_policy(cfg, tok, model)
+    _, held = problem_sets(cfg, task)
+    decoded, greedy = [], policy.greedy
+    monkeypatch.setattr(policy, "greedy", lambda m, prompts: decoded.append(len(prompts)) or greedy(m, prompts))
+    one = evaluate(model, tok, task, encode, held, policy)
+    shares = [evaluate(model, tok, task, encode, held, policy, rank=k, world=3) for k in range(3)]
+    assert 0 < one < 1 and sum(shares) == pytest.approx(one)  # (a share is its count over all the problems)
+    assert decoded == [8, 3, 3, 2]
+
+
 def test_eval_cli_accepts_overrides_and_lora_checkpoints(tmp_path, capsys, monkeypatch):
     pytest.importorskip("peft")
     out = tmp_path / "lora"
@@ -463,6 +481,32 @@ def test_guard_undoes_the_update_before_a_k3_spike(tmp_path, monkeypatch):
     assert [x["guard_rollback"] for x in r] == [0.0] * 6 + [1.0, 0.0, 0.0]
     assert [x["guard_rebase"] for x in r] == [0.0] * 7 + [1.0, 0.0]
     assert [x["update_skipped"] for x in r] == [0.0] * 6 + [1.0, 0.0, 0.0]
+
+
+def test_a_tripped_batch_stays_out_of_the_ais_ema(monkeypatch, tmp_path):
+    # the batch that trips the guard trains on nothing; its alpha must not smooth the next steps' either
+    from aisrl import trainer
+
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    real, seen = trainer.correct, []
+
+    def spike_at_step_7(name, old, roll, mask, **kw):  # the guard needs 5 steps of baseline first
+        res = real(name, old, roll, mask, **kw)
+        if mask.shape[0] > 1 and name != "veto":
+            seen.append(kw["prev_alpha"])
+            if len(seen) == 7:
+                res.metrics["k3_kl"] = res.metrics["k3_kl"] * 1000 + 1.0
+                res.metrics["alpha"] = torch.tensor(0.123)  # unlike any real alpha, so that its use would show
+        return res
+
+    monkeypatch.setattr(trainer, "correct", spike_at_step_7)
+    cfg = [*TINY, "rollout.quant=fp8_e4m3_w8a8", "correction.guard=4", "correction.ema=0.5", "max_steps=8",
+           f"output_dir={tmp_path}"]  # fmt: skip
+    train(load_config("lab", cfg), log=lambda _: None)
+    r = rows(tmp_path)
+    assert [x["guard_rollback"] for x in r] == [0.0] * 6 + [1.0, 0.0]
+    assert r[6]["alpha"] == pytest.approx(0.123)  # logged as measured
+    assert seen[1:7] == [x["alpha"] for x in r[:6]] and seen[7] == r[5]["alpha"]  # step 8 smooths from step 6's
 
 
 def test_a_checkpoint_keeps_the_guard_baseline_only_under_the_same_rollout_settings():

@@ -26,8 +26,10 @@ def _run(cmd, env):
 @pytest.mark.slow
 def test_torchrun_matches_single_process(tmp_path):
     env = {**os.environ, "AISRL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    # give the untrained policy a reward signal that varies with the completion (see test_lora.py)
-    boot = ("import sys, aisrl.tasks as t; t.Arithmetic.reward = lambda self, x, p: (float(len(x) % 3), False); "
+    # give the untrained policy a reward signal that varies with the completion (see test_lora.py), and a correctness
+    # that varies with the problem too, so that the held-out evaluation, shared out over the ranks, counts something
+    boot = ("import sys, aisrl.tasks as t; t.Arithmetic.reward = lambda self, x, p: (float(len(x) % 3), "
+            "(len(x) + len(p.question)) % 2 == 0); "
             "from aisrl.cli import main; sys.exit(main(sys.argv[1:]))")  # fmt: skip
     script = tmp_path / "boot.py"
     script.write_text(boot)
@@ -38,6 +40,7 @@ def test_torchrun_matches_single_process(tmp_path):
     two = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in two] == [1, 2]
     assert one[0]["reward"] != one[1]["reward"] or one[0]["k3_kl"] != one[1]["k3_kl"]  # the steps differ
+    assert 0 < one[0]["eval_accuracy_start"] < 1 and 0 < one[-1]["fit_accuracy"] < 1
     for a, b in zip(one, two, strict=True):
         for k, v in untimed(a).items():
             if v is None:
