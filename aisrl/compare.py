@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -99,7 +100,10 @@ class CompareConfig:
     """A run fell if its final held-out greedy accuracy is this much below its best evaluation (0.08 = 8 points,
     about 3.5 standard errors on 500 problems; on the lab's 80 it is about 2, so expect some falls from noise)."""
     publish: bool = False
-    """Also write benchmarks/results/compare.{json,png} and the table of BENCHMARKS.md."""
+    """Also write benchmarks/results/<section>.{json,png} and the `<section>` table of BENCHMARKS.md."""
+    section: str = ""
+    """Where publish=true writes (letters, digits, '_'): empty for `compare` (the lab preset) or `compare_<preset>`.
+    A second study of one preset needs its own name, or it replaces the first's table."""
     final_samples: int = 4
     """Completions per training prompt when each finished run's final model is scored at full precision
     (aisrl.final_eval: trained-policy reward, its low-precision sampler's, held-out); 0 = skip."""
@@ -188,6 +192,9 @@ def plan(cfg: CompareConfig) -> list[Run]:
         quant_config(f)  # raises with the list of presets
     if not cfg.seeds or not (cfg.methods or cfg.reference):
         raise ValueError("nothing to compare: give at least one seed and one method (or reference=true)")
+    if cfg.section and not re.fullmatch(r"[A-Za-z0-9_]+", cfg.section):
+        raise ValueError(f"section={cfg.section!r} names a file and a BENCHMARKS.md section: use letters, digits "
+                         f"and '_' only, e.g. section=compare_mxfp4_keep8")  # fmt: skip
     if cfg.jobs < 0:
         raise ValueError(f"jobs must be >= 0 (runs trained at a time; 0 trains nothing and aggregates), got {cfg.jobs}")
     for key in ("seeds", "methods", "formats"):

@@ -136,8 +136,9 @@ def plot(result: dict, path: Path) -> None:
 
 
 def publish(cfg: CompareConfig, result: dict, root: str | Path = ".") -> None:
-    """benchmarks/results/<name>.{json,png} and the `<name>` section of BENCHMARKS.md: `compare` for the lab
-    preset, `compare_<preset>` for any other (so studies of different presets keep their own tables)."""
+    """benchmarks/results/<name>.{json,png} and the `<name>` section of BENCHMARKS.md: `cfg.section` if set, else
+    `compare` for the lab preset and `compare_<preset>` for any other (so studies of different presets keep their
+    own tables)."""
     from aisrl.bench.report import update_section, write_json
 
     root = Path(root)
@@ -146,7 +147,7 @@ def publish(cfg: CompareConfig, result: dict, root: str | Path = ".") -> None:
     stem = Path(cfg.preset).stem
     if load_config(cfg.preset, cfg.train).model.kind == "diffusion" and "diffusion" not in stem:
         stem += "_diffusion"  # `lab model.kind=diffusion` must not overwrite the causal lab's table
-    name = "compare" if stem == "lab" else f"compare_{stem}"
+    name = cfg.section or ("compare" if stem == "lab" else f"compare_{stem}")
     write_json(root / f"benchmarks/results/{name}.json", result)
     plot(result, root / f"benchmarks/results/{name}.png")
     argv = [a for a in sys.argv[1:] if not a.startswith(("jobs=", "publish="))]  # how it ran, not how it was shown

@@ -177,6 +177,11 @@ def test_publish_writes_results_and_benchmarks_section(tmp_path):
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "<!-- BEGIN compare -->" in text and "<!-- BEGIN compare_diffusion_lab -->" in text
     assert (tmp_path / "benchmarks/results/compare_diffusion_lab.json").exists()
+    cfg.section = "compare_second"  # a second study of one preset, published beside the first
+    publish(cfg, result, root=tmp_path)
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "<!-- BEGIN compare_diffusion_lab -->" in text and "<!-- BEGIN compare_second -->" in text
+    assert (tmp_path / "benchmarks/results/compare_second.png").exists()
 
 
 @pytest.mark.parametrize(
@@ -189,6 +194,7 @@ def test_publish_writes_results_and_benchmarks_section(tmp_path):
         ({"seeds": [0, 1, 0]}, r"seeds lists \[0\] more than once"),
         ({"methods": ["tis", "tis"]}, r"methods lists \[.tis.\] more than once"),
         ({"jobs": -1}, "jobs must be >= 0"),
+        ({"section": "../BENCHMARKS"}, "section='../BENCHMARKS' names a file"),
         ({"train": ["seed=3"]}, "seed is set per run by the study; choose it with seeds="),
         ({"train": ["output_dir=runs/x"]}, "output_dir is set per run by the study; choose it with out="),
         ({"train": ["rollout.quant=int4"]}, "rollout.quant is set per run by the study; choose it with formats="),
