@@ -60,9 +60,12 @@ def fake_float(x: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 def _amax_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
-    """amax / qmax, and 1 for an all-zero group; a NaN or inf amax stays non-finite, so a non-finite value makes its
-    whole group NaN (as on the hardware) instead of silently rescaling the group's finite values."""
-    return torch.where(amax == 0, torch.ones_like(amax), amax / qmax)
+    """amax / qmax, and 1 for an all-zero group or one so small that amax / qmax underflows to 0 in FP32 (amax below
+    about 1e-42: its values then round to 0, where a scale of 0 would make them NaN); a NaN or inf amax stays
+    non-finite, so a non-finite value makes its whole group NaN (as on the hardware) instead of silently rescaling
+    the group's finite values."""
+    s = amax / qmax
+    return torch.where(s == 0, torch.ones_like(s), s)
 
 
 def _blocks(w: torch.Tensor, rows: int, cols: int):

@@ -336,6 +336,20 @@ def test_non_finite_values_poison_their_own_group_only_and_never_rescale_others(
     assert q[0].isnan().all() and q[1].tolist() == [2.0, 1.0]
 
 
+def test_a_group_whose_scale_underflows_rounds_to_zero_not_nan():
+    # amax / qmax below FP32's smallest subnormal is 0: dividing by it made 1e-44 inf and 0 NaN, one NaN per GEMM row
+    from aisrl.engine_ops import fp8_rows
+    from aisrl.quant import quantize_act, quantize_fp8, quantize_int, quantize_nvfp4
+
+    w = torch.tensor([[1e-44, 0.0, -1e-44], [1.0, -1.0, 0.0]])
+    for q in (quantize_fp8(w, "e4m3", "channel"), quantize_int(w, 8), quantize_nvfp4(w, per_row=True),
+              quantize_act(w, "e4m3"), quantize_act(w, "e5m2")):  # fmt: skip
+        assert q[0].tolist() == [0.0, 0.0, 0.0] and q[1].tolist() == [1.0, -1.0, 0.0]
+    assert quantize_fp8(w[:1], "e4m3", "tensor").tolist() == [[0.0, 0.0, 0.0]]
+    values, scales = fp8_rows(w)
+    assert (values.float() * scales).tolist() == [[0.0, 0.0, 0.0], [1.0, -1.0, 0.0]]
+
+
 def test_mxfp4_scale_stays_within_e8m0():
     from aisrl.quant import quantize_mxfp4
 
