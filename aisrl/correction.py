@@ -52,7 +52,7 @@ import torch
 
 from aisrl.ais import ais_alpha, ais_diagnostics
 from aisrl.config import check_like_default
-from aisrl.diagnostics import Batch, _div, _s, mismatch_metrics, prepare, weight_stats
+from aisrl.diagnostics import EXP_CLAMP, Batch, _div, _s, k3_per_token, mismatch_metrics, prepare, weight_stats
 from aisrl.dist import all_sum
 
 
@@ -92,10 +92,12 @@ def _tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
 
 
 def _clip_exp(log_v: torch.Tensor, cap: float, floor: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """clip(exp(log_v), floor, cap) computed without overflow, and where it clipped."""
+    """clip(exp(log_v), floor, cap) computed without overflow, and where it clipped. An unbounded cap (inf, asking for
+    untruncated products) is held at exp(EXP_CLAMP): a product of ratios overflows FP32 past exp(88)."""
     _check_cap(cap, floor)
-    v = torch.exp(log_v.clamp(max=math.log(cap)))  # <= cap, never inf
-    clipped = (log_v > math.log(cap)) | (v < floor)
+    top = min(math.log(cap), EXP_CLAMP)
+    v = torch.exp(log_v.clamp(max=top))  # <= min(cap, e^80), never inf
+    clipped = (log_v > top) | (v < floor)
     return v.clamp(min=floor), clipped
 
 
@@ -163,8 +165,8 @@ def _kl_reject(b: Batch, estimator: str, threshold: float = 0.05, level: str = "
         raise ValueError(f"unknown level {level!r} for {estimator}_reject; choose from {list(KL_LEVELS)}")
     if not threshold >= 0:  # also refuses NaN, which would silently reject every token
         raise ValueError(f"{estimator}_reject threshold must be a number >= 0, got {threshold}")
-    d = b.delta
-    k = {"k1": -d, "k2": 0.5 * d**2, "k3": (d.exp() - 1.0 - d).clamp(min=0.0)}[estimator]  # (N, T)
+    d = b.delta.double()  # float64 and expm1: a threshold far below FP32's rounding of exp(d) - 1 still means it
+    k = {"k1": -d, "k2": 0.5 * d**2, "k3": k3_per_token(d)}[estimator]  # (N, T)
     k = torch.where(b.in_products, k, 0.0)  # a zero-probability token counts towards its sequence's KL
     if level == "token":
         keep = b.mask & (k.abs() <= threshold)
@@ -175,7 +177,7 @@ def _kl_reject(b: Batch, estimator: str, threshold: float = 0.05, level: str = "
             agg = k.sum(-1)
             agg = agg / b.products_len.clamp(min=1.0) if level == "seq_mean" else agg
         keep = b.mask & _per_seq(agg.abs() <= threshold)
-    return torch.ones_like(d), keep, torch.zeros_like(keep), {}
+    return torch.ones_like(b.delta), keep, torch.zeros_like(keep), {}
 
 
 def _vetoed(b: Batch, threshold: float) -> torch.Tensor:

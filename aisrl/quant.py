@@ -294,7 +294,13 @@ def kept_fraction(model: nn.Module, cfg: QuantConfig) -> float:
 @torch.no_grad()
 def quantize_(model: nn.Module, cfg: QuantConfig) -> nn.Module:
     """Swap every nn.Linear of `model` (in place) for a FakeQuantLinear, but the output head (unless cfg.lm_head)
-    and the layers cfg.keep names; returns the model."""
+    and the layers cfg.keep names; returns the model. A model quantised already is refused: its layers would mix two
+    formats while `quant_config` named one."""
+    if any(isinstance(m, FakeQuantLinear) for m in model.modules()):
+        done = getattr(model, "quant_config", None)
+        what = done.format if done else "FakeQuantLinear layers"
+        raise ValueError(f"the model is quantised already ({what}); quantise a fresh copy of the full-precision "
+                         f"model (copy.deepcopy before quantize_)")  # fmt: skip
     for name, mod in quant_targets(model, cfg):
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, FakeQuantLinear(mod, cfg))

@@ -283,6 +283,19 @@ def test_bad_cap_is_a_clear_error(batch, bad):
         correct("tis", *batch, **bad)
 
 
+@pytest.mark.parametrize("name", ["seq_tis", "prefix_tis", "suffix_tis"])
+def test_an_unbounded_cap_keeps_product_weights_finite(name):
+    # a sequence log-weight of 8 x 12 = 96 overflows FP32's exp (past 88.7); cap=inf asks for untruncated products
+    old, roll = torch.zeros(2, 8), torch.full((2, 8), -12.0)
+    roll[1] = 0.0
+    res = correct(name, old, roll, torch.ones(2, 8, dtype=torch.bool), cap=float("inf"))
+    assert torch.isfinite(res.weights).all() and all(torch.isfinite(v).all() for v in res.metrics.values())
+    assert res.weights.max().item() == pytest.approx(math.exp(80.0), rel=1e-5)  # held at exp(EXP_CLAMP)
+    assert res.weights[1].tolist() == [1.0] * 8  # an exact sequence is untouched
+    small = correct(name, old, old - 0.1, torch.ones(2, 8, dtype=torch.bool), cap=float("inf"))
+    assert small.weights[0, 0].item() == pytest.approx(math.exp(0.1 if name == "prefix_tis" else 0.8), rel=1e-5)
+
+
 def test_bad_shapes_and_levels(batch):
     old, roll, mask = batch
     with pytest.raises(ValueError, match=r"share one \(N, T\) shape"):
@@ -398,6 +411,14 @@ def test_seq_max_rejection_of_an_empty_batch():
 def test_ais_smoothing_arguments_are_checked(batch, opts, match):
     with pytest.raises(ValueError, match=match):
         correct("ais", *batch, **opts)
+
+
+def test_k3_rejection_is_precise_for_tiny_mismatch():
+    # k3 of a log-ratio 1e-5 is 5.0e-11; FP32's exp(d) - 1 - d read it as 1.4e-8 and rejected it at threshold 1e-9
+    old, mask = torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool)
+    roll = torch.tensor([[-1e-5, -1e-4]])  # k3: 5.0e-11 and 5.0e-9
+    res = correct("k3_reject", old, roll, mask, threshold=1e-9, level="token")
+    assert res.mask.tolist() == [[True, False]]
 
 
 def test_band_with_zero_upper_bound_is_a_clear_error(batch):

@@ -350,6 +350,18 @@ def test_a_group_whose_scale_underflows_rounds_to_zero_not_nan():
     assert (values.float() * scales).tolist() == [[0.0, 0.0, 0.0], [1.0, -1.0, 0.0]]
 
 
+def test_quantising_a_quantised_model_is_refused():
+    # a second quantize_ found no nn.Linear left ("no layers") or, with lm_head=True, quantised the head alone in the
+    # new format while quant_config claimed every layer was in it
+    from aisrl.quant import QuantConfig, quantize_
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    quantize_(model, QuantConfig(lm_head=True))
+    with pytest.raises(ValueError, match=r"quantised already \(fp8_e4m3\).*fresh copy"):
+        quantize_(model, QuantConfig(format="int8", lm_head=True))
+    assert model.quant_config.format == "fp8_e4m3"
+
+
 def test_mxfp4_scale_stays_within_e8m0():
     from aisrl.quant import quantize_mxfp4
 
