@@ -113,12 +113,13 @@ def check_lab(cfg: LabConfig) -> None:
         raise ValueError(f"lab.target is an accuracy band [low, high], 0 <= low < high <= 1; got {list(cfg.target)}")
 
 
-def lab_task(cfg: LabConfig):
+def lab_task(cfg: LabConfig, lenient: bool = False):
+    """The lab's task (`lab.task` with its lab.* options); `lenient`: the run's lenient_reward (aisrl.tasks.Task)."""
     if cfg.task == "arithmetic":
-        return make_task(cfg.task, max_operand=cfg.max_operand, ops=cfg.ops, trace=cfg.trace)
+        return make_task(cfg.task, lenient, max_operand=cfg.max_operand, ops=cfg.ops, trace=cfg.trace)
     if cfg.task == "sudoku4":
-        return make_task(cfg.task, holes=cfg.sudoku_holes)
-    return make_task(cfg.task)
+        return make_task(cfg.task, lenient, holes=cfg.sudoku_holes)
+    return make_task(cfg.task, lenient)
 
 
 def _cache_dir(cfg, kind: str = "lab") -> Path:

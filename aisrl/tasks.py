@@ -106,21 +106,22 @@ class Task:
         """(format + correctness reward, correct?)."""
         answer = extract_answer(completion)
         if answer is None:
-            numbers = re.findall(r"-?\d+(?:\.\d+)?", completion.replace(",", "")) if self.lenient else []
+            numbers = [x.replace(",", "") for x in re.findall(_NUMBER, completion)] if self.lenient else []
             correct = bool(numbers) and self.check(numbers[-1], problem)
             return (CORRECT_POINTS if correct else 0.0), correct
         correct = self.check(answer, problem)
         return FORMAT_POINTS + (CORRECT_POINTS if correct else 0.0), correct
 
 
-_NUMBER = r"-?\d[\d,]*(?:\.\d+)?"
+_NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+"""A number, its commas only as thousands separators (`1,000`; `7,1` is not the number 71)."""
 _WORDED_NUMBER = re.compile(rf"(?:[A-Za-z ,.:;'%$]*[ ,.:;'%$])?({_NUMBER})(?:[ ,.:;'%$][A-Za-z ,.:;'%$]*)?")
 """One number among plain words and punctuation: `18 dollars`, `It is 18.`, `$1,000`."""
 
 
 def _int_or_none(s: str) -> int | None:
-    s = s.strip().replace(",", "")
-    return int(s) if re.fullmatch(r"[-+]?\d+", s) else None
+    s = s.strip()
+    return int(s.replace(",", "")) if re.fullmatch(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)", s) else None
 
 
 class Arithmetic(Task):
@@ -139,6 +140,8 @@ class Arithmetic(Task):
             raise ValueError(f"trace='columns' works addition only; use ops='+' (got ops={ops!r})")
         if not ops or set(ops) - set("+-*"):
             raise ValueError(f"arithmetic ops must be a non-empty string of + - *, got {ops!r}")
+        if max_operand < 0:
+            raise ValueError(f"arithmetic max_operand is the largest operand, >= 0; got {max_operand}")
         self.max_operand, self.ops, self.trace = max_operand, ops, trace
 
     def generate(self, rng):
@@ -201,6 +204,9 @@ class Countdown(Task):
     name = "countdown"
 
     def __init__(self, n_numbers: int = 3, max_number: int = 20):
+        if n_numbers < 2 or max_number < 1:
+            raise ValueError(f"countdown needs n_numbers >= 2 (the puzzle combines two or three of them) and "
+                             f"max_number >= 1; got n_numbers={n_numbers}, max_number={max_number}")  # fmt: skip
         self.n, self.max_number = n_numbers, max_number
 
     def generate(self, rng):
@@ -234,6 +240,8 @@ class Sudoku4(Task):
     name = "sudoku4"
 
     def __init__(self, holes: int = 6):
+        if not 0 <= holes <= 16:
+            raise ValueError(f"sudoku4 holes is the number of blanks of a 4x4 grid, in [0, 16]; got {holes}")
         self.holes = holes
 
     def generate(self, rng):
@@ -291,8 +299,13 @@ def read_rows(path: str) -> list[dict]:
         except ImportError as e:
             raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from e
         return pq.read_table(p).to_pylist()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): give a .jsonl file of UTF-8 "
+                         f"JSON objects (decompress a .gz first), a .parquet file or a saved dataset dir") from e
     rows = []
-    for i, line in enumerate(p.read_text().splitlines()):
+    for i, line in enumerate(text.splitlines()):
         if line.strip():
             try:
                 row = json.loads(line)
@@ -317,15 +330,33 @@ class JsonlMath(Task):
     name = "jsonl"
 
     def __init__(self, path: str):
-        self.rows = []
+        self.rows, seen = [], {}
         for i, row in enumerate(read_rows(path)):
             question = row.get("question", row.get("problem"))
             if question is None or "answer" not in row:
                 raise ValueError(f"{path}: row {i + 1} needs a 'question' (or 'problem') and an 'answer' field")
-            ans = str(row["answer"]).split("####")[-1].strip()
-            self.rows.append(Problem(str(question), ans, str(row["answer"]), {}))
+            answer = row["answer"]
+            if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+                raise ValueError(f"{path}: row {i + 1}'s answer is {answer!r}; it must be a string or a number")
+            ans = str(answer).split("####")[-1].strip()
+            if not ans or not str(question).strip():
+                raise ValueError(f"{path}: row {i + 1} has an empty question or answer (after any '####'), which "
+                                 f"any output would match or none could; fix or drop the row")  # fmt: skip
+            problem = Problem(str(question), ans, str(answer), {})
+            if problem.question in seen:  # one problem once: `problems` promises distinct problems
+                first, first_ans = seen[problem.question]
+                if first_ans != ans:
+                    raise ValueError(f"{path}: rows {first} and {i + 1} ask the same question with different answers "
+                                     f"({first_ans!r}, {ans!r}); keep one")  # fmt: skip
+                continue
+            seen[problem.question] = (i + 1, ans)
+            self.rows.append(problem)
+        if not self.rows:
+            raise ValueError(f"{path} holds no problems; give a dataset with 'question' and 'answer' rows")
 
     def problems(self, split, n, seed=0):
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         pool = [p for p in self.rows if _split_of(p.question) == split]
         random.Random(seed).shuffle(pool)
         return pool[:n]
@@ -454,10 +485,14 @@ TASKS = {
     "reasoning_gym": ReasoningGym,
 }
 
+PROCEDURAL = (Arithmetic, Countdown, Sudoku4)
+"""Tasks built from code alone, at no cost: `check_task` builds them to check their option values."""
+
 
 def check_task(name: str, **kwargs) -> None:
     """Raise the ValueError `make_task(name, **kwargs)` would for an unknown name, options the task does not take,
-    a required option left out, or a value of another type than the option's default."""
+    a required option left out, a value of another type than the option's default, or (procedural tasks) a value
+    out of its range."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose from {sorted(TASKS)}")
     accepted = TASKS[name].accepts(**kwargs)  # name -> default (inspect's `empty` when required)
@@ -466,6 +501,8 @@ def check_task(name: str, **kwargs) -> None:
         raise ValueError(f"task {name!r} got options {sorted(kwargs)}; it accepts {list(accepted)}")
     for key, value in kwargs.items():
         check_like_default(f"task {name!r}", key, value, accepted[key])
+    if TASKS[name] in PROCEDURAL:
+        TASKS[name](**kwargs)  # cheap to build: its own checks of the values run before anything else does
 
 
 def make_task(name: str, lenient: bool = False, **kwargs) -> Task:

@@ -67,12 +67,13 @@ def build(cfg: TrainConfig):
         from aisrl.lab import lab_task
 
         model, tok, _ = diffusion_lab_model(cfg.lab, diffusion_params(cfg))
-        return model, tok, lab_task(cfg.lab), lambda p: encode_prompt(tok, p)
+        return model, tok, lab_task(cfg.lab, cfg.lenient_reward), lambda p: encode_prompt(tok, p)
     if cfg.model.name == "lab":
         from aisrl.lab import lab_model, lab_task, prompt_text
 
         model, tok, _ = lab_model(cfg.lab)
-        return model, tok, lab_task(cfg.lab), lambda p: [tok.bos_token_id] + tok.encode(prompt_text(p))
+        task = lab_task(cfg.lab, cfg.lenient_reward)
+        return model, tok, task, lambda p: [tok.bos_token_id] + tok.encode(prompt_text(p))
     if cfg.model.kind == "diffusion":  # a LLaDA-style checkpoint directory with its remote code
         from transformers import AutoTokenizer
 

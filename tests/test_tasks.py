@@ -25,6 +25,7 @@ def test_arithmetic_rewards():
     assert t.reward(wrap("71"), p) == (1.5, True)
     assert t.reward(wrap("70"), p) == (0.5, False)
     assert t.reward(wrap("1,000"), Problem("999+1", "1000")) == (1.5, True)
+    assert t.reward(wrap("7,1"), p) == (0.5, False) and t.reward(wrap("10,00"), Problem("999+1", "1000"))[1] is False
     assert t.reward("71", p) == (0.0, False)  # right number, wrong format: nothing
 
 
@@ -78,6 +79,25 @@ def test_jsonl_task_and_errors(tmp_path):
         JsonlMath(str(tmp_path / "noans.jsonl"))
     with pytest.raises(ValueError, match="unknown task 'chess'; choose from"):
         make_task("chess")
+    with pytest.raises(ValueError, match="split must be 'train' or 'test', got 'validation'"):
+        t.problems("validation", 3)
+    # a null or empty answer would be matched by 'none' or by an empty answer; a blank file holds nothing to train on
+    for name, text, message in [
+        ("null.jsonl", '{"question": "q", "answer": null}', r"row 1's answer is None; it must be a string or a number"),
+        ("dict.jsonl", '{"question": "q", "answer": {"x": 1}}', "row 1's answer is"),
+        ("empty.jsonl", '{"question": "q", "answer": "1"}\n{"question": "r", "answer": "####"}', "row 2 has an empty"),
+        ("blank.jsonl", "\n\n", "holds no problems"),
+        ("clash.jsonl", '{"question": "q", "answer": "1"}\n{"question": "q", "answer": "2"}',
+         r"rows 1 and 2 ask the same question with different answers \('1', '2'\)"),
+    ]:  # fmt: skip
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=message):
+            JsonlMath(str(tmp_path / name))
+    (tmp_path / "twice.jsonl").write_text('{"question": "q", "answer": "1"}\n{"question": "q", "answer": 1}')
+    assert [p.question for p in JsonlMath(str(tmp_path / "twice.jsonl")).rows] == ["q"]  # one problem once
+    (tmp_path / "zipped.jsonl").write_bytes(b"\x1f\x8b\x08\x00 not text")
+    with pytest.raises(ValueError, match=r"zipped.jsonl is not UTF-8 text .*decompress a .gz first"):
+        JsonlMath(str(tmp_path / "zipped.jsonl"))
 
 
 def test_lenient_reward_credits_a_correct_final_number():
@@ -89,6 +109,8 @@ def test_lenient_reward_credits_a_correct_final_number():
     assert strict.reward(text, p) == (0.0, False)
     assert lenient.reward(text, p) == (1.0, True)  # correctness points, no format points
     assert lenient.reward("12+7 is 18", p) == (0.0, False)
+    assert lenient.reward("12+7 is 1,9", p) == (0.0, False)  # a comma only separates thousands
+    assert lenient.reward("1,000+7 is 1,007", Problem("1000+7", "1007")) == (1.0, True)
     assert lenient.reward(wrap("19"), p) == (1.5, True)  # the format still earns its points
 
 
@@ -148,6 +170,16 @@ def test_task_options_are_checked_against_the_task():
         make_task("jsonl")
     with pytest.raises(ValueError, match=r"option 'max_operand' expects int \(default 99\), got '20'"):
         make_task("arithmetic", max_operand="20")
+    # values out of range fail when checked, naming the option (before: IndexError or randrange's error, later)
+    from aisrl.tasks import check_task
+
+    for name, opts, message in [("countdown", {"n_numbers": 1}, "n_numbers >= 2"),
+                                ("countdown", {"max_number": 0}, "max_number >= 1"),
+                                ("sudoku4", {"holes": 17}, r"holes .* in \[0, 16\]; got 17"),
+                                ("arithmetic", {"max_operand": -5}, "max_operand .* >= 0; got -5")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            check_task(name, **opts)
+    check_task("countdown", n_numbers=2, max_number=1)
 
 
 def test_reasoning_gym_generator_by_name():
@@ -250,5 +282,6 @@ def test_a_numeric_answer_among_plain_words_is_that_number():
     task = JsonlMath.__new__(JsonlMath)  # check() needs no file
     for gold, answer, right in [("18", "18 dollars", True), ("1000", "1,000 dollars", True), ("18", "It is 18.", True),
                                 ("-18", "It is -18", True), ("18", "17 dollars", False), ("18", "18 and 19", False),
-                                ("18", "18x", False), ("x+1", "x + 1", True)]:  # fmt: skip
+                                ("18", "18x", False), ("x+1", "x + 1", True), ("71", "7,1", False),
+                                ("123", "1,2,3", False), ("1234", "1,234", True)]:  # fmt: skip
         assert task.check(answer, Problem("q", gold)) is right, (gold, answer)

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from aisrl.checkpoint import latest_checkpoint, load_checkpoint, run_start, same_start, save_checkpoint, weights_digest
 from aisrl.cli import main
+from aisrl.tasks import Problem
 from aisrl.train_config import PRESET_DIR, load_config, validate
 from aisrl.trainer import build, train
 
@@ -324,6 +325,13 @@ def test_evaluation_splits_the_problems_over_ranks(monkeypatch):
     shares = [evaluate(model, tok, task, encode, held, policy, rank=k, world=3) for k in range(3)]
     assert 0 < one < 1 and sum(shares) == pytest.approx(one)  # (a share is its count over all the problems)
     assert decoded == [8, 3, 3, 2]
+
+
+def test_lenient_reward_reaches_the_lab_task():
+    # the lab built its task without it: lenient_reward=true was accepted and ignored
+    _, _, task, _ = build(load_config("lab", [*TINY, "lenient_reward=true"]))
+    assert task.lenient and task.reward("12 plus 7 gives 19", Problem("12+7", "19")) == (1.0, True)
+    assert not build(load_config("lab", TINY))[2].lenient
 
 
 def test_eval_cli_accepts_overrides_and_lora_checkpoints(tmp_path, capsys, monkeypatch):
