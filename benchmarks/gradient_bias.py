@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=2 python benchmarks/gradient_bias.py [preset=lab_columns] [quant=mxfp4_w4a4] [seed=S]
         [salts=16] [methods=none,tis,prefix_tis,seq_tis] [start=RUN:STEP] [horizons=1,10,100] [choose=tis,seq_tis]
-        [space=grad|adam] [tag=NAME]
+        [space=grad|adam] [alpha_max=1] [tag=NAME]
 
 A method is a correction name, optionally with options: `tis:cap=100+floor=0.1` sets correction.cap and .floor.
 
@@ -26,6 +26,9 @@ units of the true gradient's squared norm |g|^2 (estimated by |mean g_ref|^2 - v
   here, one that turns it does. The reference's is (var / h) / (1 + var / h);
 - on the segment g(alpha) = (1 - alpha) g_none + alpha g_tis (AIS with a pinned alpha; exact at this step, where the
   gradient is linear in the weights and both runs train on the same samples), the alpha minimising each error.
+  `alpha_max=2` searches the line beyond TIS too (alpha up to 2: omega = 1 + alpha (min(w, C) - 1), which turns
+  negative where w < 1 - 1 / alpha): if TIS kept part of the uncorrected bias in the same direction, going past it
+  would remove more.
 - calibration: could a run tell these end points apart from a few full-precision batches of its own? With c of the
   salts as the calibration, pick the estimator among `choose` (by default the importance-weighted ones measured) with
   the least |mean d_m|^2 and judge the pick on the other salts (function `calibration`).
@@ -150,10 +153,11 @@ def figures(gram: Gram, m: dict[str, float], horizons: list[int]) -> dict:
 
 
 def measure(g_ref: torch.Tensor, g: dict[str, torch.Tensor], horizons: list[int], choose: list[str] | None = None,
-            sizes: tuple[int, ...] = (1, 2, 4, 8), segment: bool = True) -> dict:  # fmt: skip
+            sizes: tuple[int, ...] = (1, 2, 4, 8), segment: bool = True, alpha_max: float = 1.0) -> dict:  # fmt: skip
     """The table of the module docstring from the stacked per-salt gradients (K, P) of the reference and methods;
     with two or more estimators to `choose` from (by default the importance-weighted end points measured), how well
-    c full-precision batches pick among them (calibration)."""
+    c full-precision batches pick among them (calibration). The none-TIS line is searched over alpha in [0,
+    alpha_max], in steps of 0.01."""
     gram = Gram.of({"ref": g_ref, **g})
     rr, var_ref = gram.stats({"ref": 1.0}, {"ref": 1.0})
     out = {"true_grad_norm2": rr - var_ref / gram.K, "ref": figures(gram, {"ref": 1.0}, horizons)}
@@ -165,8 +169,9 @@ def measure(g_ref: torch.Tensor, g: dict[str, torch.Tensor], horizons: list[int]
             vals = torch.tensor([r[key] for r in loo], dtype=torch.float64)
             out[name][f"{key}_se"] = ((gram.K - 1) / gram.K * ((vals - vals.mean()) ** 2).sum()).sqrt().item()
     if segment and "none" in g and "tis" in g:  # AIS with a pinned alpha: (1 - alpha) g_none + alpha g_tis, exactly
-        seg = {a / 100: figures(gram, {"none": 1 - a / 100, "tis": a / 100}, horizons) for a in range(101)}
-        out["segment"] = {}
+        top = round(alpha_max * 100)
+        seg = {a / 100: figures(gram, {"none": 1 - a / 100, "tis": a / 100}, horizons) for a in range(top + 1)}
+        out["segment"] = {"alpha_max": alpha_max}
         for key in [f"{k}@{h}" for k in ("err", "scaled_err") for h in horizons]:
             best = min(seg, key=lambda a: seg[a][key])
             out["segment"][f"alpha*_{key}"], out["segment"][f"best_{key}"] = best, seg[best][key]
@@ -254,8 +259,13 @@ def section(out: dict) -> str:
         lines.append(f"| {label} | {cells} | {extra} |")
     if "segment" in res:
         seg = res["segment"]
-        lines.append(f"\nOn the none-TIS segment the alpha with the least err@10 is {seg['alpha*_err@10']:.2f} (err@10 "
-                     f"{seg['best_err@10']:.3g}); alpha 0.5 gives {seg['err@10_alpha0.5']:.3g}.")  # fmt: skip
+        top = seg.get("alpha_max", 1.0)
+        where = "segment" if top == 1.0 else f"line, searched over alpha in [0, {top:g}],"
+        far = (f"; at 100 steps, alpha {seg['alpha*_err@100']:.2f} and err@100 {seg['best_err@100']:.3g}"
+               if "alpha*_err@100" in seg else "")
+        best = f"{seg['alpha*_err@10']:.2f} (err@10 {seg['best_err@10']:.3g}{far})"
+        lines.append(f"\nOn the none-TIS {where} the alpha with the least err@10 is {best}; "
+                     f"alpha 0.5 gives {seg['err@10_alpha0.5']:.3g}.")  # fmt: skip
     if "calibration" in res:
         cal = res["calibration"]
         names = list(next(iter(cal.values()))["fixed"])
@@ -278,12 +288,15 @@ def section(out: dict) -> str:
 
 def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: list[str], start: str,
          horizons: list[int], choose: list[str] | None = None, space: str = "grad",
-         label: str = "") -> dict:  # fmt: skip
+         label: str = "", alpha_max: float = 1.0) -> dict:  # fmt: skip
     """preset: the warm start's (default lab_columns); with `start`, only for a run whose config.json does not load.
     space: `grad` (the raw gradients) or `adam` (each as the optimizer would apply it: adam_space).
-    label: appended to the results' name (the `tag=` argument)."""
+    label: appended to the results' name (the `tag=` argument).
+    alpha_max: how far along the none-TIS line to look for the best alpha (1: the segment AIS draws from)."""
     if space not in ("grad", "adam"):
         raise ValueError(f"space={space!r}: choose grad (the raw gradient) or adam (the update AdamW makes of it)")
+    if not 1.0 <= alpha_max <= 10.0:
+        raise ValueError(f"alpha_max={alpha_max}: the none-TIS line is searched over [0, alpha_max]; give 1 to 10")
     if salts < 3:  # a variance needs two draws, and its jackknife one more
         raise ValueError(f"salts={salts}: need at least 3 (32 give standard errors of a useful size)")
     if not horizons or min(horizons) < 1 or 10 not in horizons:  # the tables report err@10
@@ -317,7 +330,7 @@ def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: 
     vecs = {"ref": torch.stack(g_ref), **{m: torch.stack(v) for m, v in g.items()}}  # (K, P) each
     if space == "adam":
         vecs = {m: adam_space(v, at) for m, v in vecs.items()}
-    res = measure(vecs.pop("ref"), vecs, horizons, choose, segment=space == "grad")
+    res = measure(vecs.pop("ref"), vecs, horizons, choose, segment=space == "grad", alpha_max=alpha_max)
     for m in methods:  # the batch statistics the runs logged, averaged over salts
         for key in ("k3_kl", "ess", "alpha"):
             vals = [r[key] for r in rows[m] if r.get(key) is not None]
@@ -338,7 +351,7 @@ def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: 
     return out
 
 
-KEYS = ("preset", "quant", "seed", "salts", "methods", "start", "horizons", "choose", "space", "tag")
+KEYS = ("preset", "quant", "seed", "salts", "methods", "start", "horizons", "choose", "space", "tag", "alpha_max")
 
 if __name__ == "__main__":
     kw = dict(a.split("=", 1) for a in sys.argv[1:])
@@ -347,4 +360,5 @@ if __name__ == "__main__":
     main(kw.get("preset"), kw.get("quant", "mxfp4_w4a4"), int(kw["seed"]) if "seed" in kw else None,
          int(kw.get("salts", 16)), kw.get("methods", "none,tis,prefix_tis,seq_tis").split(","), kw.get("start", ""),
          [int(h) for h in kw.get("horizons", "1,10,100").split(",")],
-         kw["choose"].split(",") if "choose" in kw else None, kw.get("space", "grad"), kw.get("tag", ""))  # fmt: skip
+         kw["choose"].split(",") if "choose" in kw else None, kw.get("space", "grad"), kw.get("tag", ""),
+         float(kw.get("alpha_max", 1.0)))  # fmt: skip

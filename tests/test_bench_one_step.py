@@ -94,6 +94,37 @@ def test_bias_noise_split_and_best_alpha_match_their_closed_forms():
         assert res["segment"][f"alpha*_err@{h}"] == pytest.approx(a / (a + 1.0 / h), abs=0.03)
 
 
+def test_the_line_beyond_tis_finds_an_optimum_past_alpha_1_when_tis_keeps_part_of_the_bias():
+    # g_tis keeps half of g_none's bias b, in the same direction: g(a) - g = (1 - a / 2) b + noise, so the least
+    # err@h lies past TIS. With independent noises of variance v_none and v_tis,
+    # err@h(a) = (1 - a/2)^2 |b|^2 + ((1 - a)^2 v_none + a^2 v_tis) / h, minimised at
+    # a* = (|b|^2 / 2 + v_none / h) / (|b|^2 / 4 + (v_none + v_tis) / h)
+    gb = load_benchmark("gradient_bias")
+    gen = torch.Generator().manual_seed(1)
+    K, P = 400, 500
+    g = torch.randn(P, generator=gen)
+    g *= 1 / g.norm()
+    b = torch.randn(P, generator=gen)
+    b *= 0.8 / b.norm()  # |b|^2 = 0.64
+
+    def noise(var):
+        return torch.randn(K, P, generator=gen) * (var / P) ** 0.5
+
+    g_ref, g_none, g_tis = g + noise(0.5), g + b + noise(0.2), g + 0.5 * b + noise(1.0)
+    inside = gb.measure(g_ref, {"none": g_none, "tis": g_tis}, [1, 10, 100], choose=[])
+    assert inside["segment"]["alpha*_err@100"] == 1.0 and inside["segment"]["alpha_max"] == 1.0  # the segment's end
+    line = gb.measure(g_ref, {"none": g_none, "tis": g_tis}, [1, 10, 100], choose=[], alpha_max=3.0)
+    for h in (10, 100):
+        star = (0.32 + 0.2 / h) / (0.16 + 1.2 / h)
+        assert line["segment"][f"alpha*_err@{h}"] == pytest.approx(star, abs=0.08)
+        assert line["segment"][f"best_err@{h}"] < inside["segment"][f"best_err@{h}"]
+    assert "[0, 3]" in gb.section({"results": line, "machine": {"cpu": "x", "cpus": 2, "torch": "t"}, "command": "c",
+                                   "seconds": 1.0, "start": "s", "quant": "q", "salts": K, "seed": 0})  # fmt: skip
+    for bad in (0.5, 11.0):  # refused before anything is built or trained
+        with pytest.raises(ValueError, match=rf"alpha_max={bad}: .* give 1 to 10"):
+            gb.main(None, "mxfp4_w4a4", None, 32, ["none", "tis"], "", [1, 10], alpha_max=bad)
+
+
 def test_a_true_gradient_drowned_in_noise_gives_no_norm_rather_than_a_crash():
     # with few salts and noise far above |g|^2 (a heavy-tailed batch), the unbiased |E g_m|^2 of a jackknife
     # replicate can be negative: its square root is not a number, and the measurement must still come back
