@@ -93,12 +93,15 @@ def weights_digest(state: dict[str, torch.Tensor]) -> str:
 
 
 def record_start(output_dir: str | Path, model) -> None:
-    """On a run's first start: write start.json with the digest of the weights it starts from and the machine."""
-    path = Path(output_dir) / "start.json"
-    if not path.exists():
-        from aisrl.bench.report import machine
+    """On a run's start from scratch (no checkpoint yet): write start.json with the digest of the weights it starts
+    from and the machine. A start that never reached a checkpoint left nothing to continue, so its record is
+    replaced, as record_config replaces its config; once the run has a checkpoint the record is kept."""
+    from aisrl.bench.report import machine
 
-        atomic_write_text(path, json.dumps({"weights": weights_digest(model.state_dict()), "machine": machine()}))
+    path = Path(output_dir) / "start.json"
+    if path.exists() and _latest_name(output_dir) is not None:
+        return
+    atomic_write_text(path, json.dumps({"weights": weights_digest(model.state_dict()), "machine": machine()}))
 
 
 def run_start(run_dir: str | Path) -> str | None:
@@ -153,7 +156,8 @@ def record_config(output_dir: str | Path, config: dict, write: bool = True, defa
     if changes:
         raise ValueError(f"{output_dir} holds a run started with another config ({'; '.join(changes)}); resume "
                          f"with the same settings, pick a new output_dir, or delete {path} to continue this "
-                         "run's weights under the new settings")  # fmt: skip
+                         "run's weights under the new settings (possible only where they fit the model these "
+                         "settings build)")  # fmt: skip
     moved = {k: config[k] for k in RESUMABLE if k in config and k in recorded and recorded[k] != config[k]}
     if moved and write:
         atomic_write_text(path, json.dumps({**recorded, **moved}, indent=1))
@@ -238,7 +242,15 @@ def latest_checkpoint(output_dir) -> Path | None:
 def load_checkpoint(path: Path, model, optimizer, rank: int = 0) -> dict:
     """Restore model, optimizer and RNG state (this rank's, where every rank's was saved); returns {'step': ...,
     'extra': ...}."""
-    model.load_state_dict(load_file(path / "model.safetensors"))
+    try:
+        model.load_state_dict(load_file(path / "model.safetensors"))
+    except RuntimeError as e:  # missing, unexpected or mis-shaped tensors: another model than the one saved
+        lines = str(e).strip().splitlines()
+        what = (lines[1] if len(lines) > 1 else lines[0]).strip()
+        what = what if len(what) <= 200 else what[:200] + "..."
+        raise ValueError(f"{path} holds weights of another model than this config builds ({what}): "
+                         "the model.*, lora.* or lab.* settings differ from the run's; restore them, or pick a "
+                         "new output_dir") from e  # fmt: skip
     state = torch.load(path / "state.pt", weights_only=True, map_location="cpu")  # the optimizer moves it to its params
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"]["torch"])

@@ -226,7 +226,10 @@ def _read_preset(path: Path):
     refuses a key given twice in one mapping (plain safe_load keeps the last silently)."""
     import yaml
 
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): save it as UTF-8") from e
     if path.suffix == ".json":
         try:
             return json.loads(text) or {}
@@ -237,6 +240,8 @@ def _read_preset(path: Path):
         def construct_mapping(self, node, deep=False):
             seen = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden here
+                    continue
                 key = self.construct_object(key_node, deep=True)
                 if key in seen:
                     raise ValueError(f"{path}: key {key!r} is given twice (line {key_node.start_mark.line + 1}); "
@@ -440,9 +445,16 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.lora.r < 0 or not 0 <= cfg.lora.dropout < 1:
         raise ValueError(f"lora.r must be >= 0 (0: full fine-tuning) and lora.dropout in [0, 1); got r={cfg.lora.r}, "
                          f"dropout={cfg.lora.dropout}")  # fmt: skip
-    if cfg.model.name == "lab" and cfg.task_options:
-        raise ValueError("task_options is set, but model.name=lab trains on its own task (lab.task): set the lab's "
-                         "problems with lab.* keys, or clear task_options")  # fmt: skip
+    if cfg.model.name == "lab":  # a task setting the lab would silently ignore is refused
+        ignored = [f"{k}={v!r}" for k, v, default in (("task", cfg.task, TrainConfig.task),
+                   ("dataset", cfg.dataset, ""), ("task_options", cfg.task_options, {})) if v != default]  # fmt: skip
+        if ignored:
+            raise ValueError(f"{', '.join(ignored)} is set, but model.name=lab trains on its own task (lab.task="
+                             f"{cfg.lab.task!r}): choose the lab's problems with lab.* keys (lab.task=...), or clear "
+                             f"{' and '.join(k.split('=')[0] for k in ignored)}")  # fmt: skip
+    elif cfg.dataset and cfg.task not in ("dataset", "jsonl", "reasoning_gym"):
+        raise ValueError(f"dataset={cfg.dataset!r} is set, but task={cfg.task!r} does not read it (only task=dataset, "
+                         "jsonl or reasoning_gym do): set task=dataset to train on the file, or clear dataset")
     check_task(cfg.task, **task_kwargs(cfg))
     local = cfg.model.name != "lab" and cfg.task in ("dataset", "jsonl")
     if local and not (cfg.dataset and Path(cfg.dataset).exists()):
@@ -472,7 +484,7 @@ def correction_options(cfg: TrainConfig, prev_alpha, name: str | None = None):
     name, opts = name or cfg.correction.name, {}
     if "cap" in options_of(name):
         opts["cap"] = cfg.correction.cap
-    if cfg.correction.ema > 0:  # as with alpha, a correction other than ais refuses it rather than ignoring it
+    if cfg.correction.ema != 0:  # as with alpha, a correction other than ais refuses it rather than ignoring it
         opts.update(ema=cfg.correction.ema, prev_alpha=prev_alpha)
     if cfg.correction.alpha is not None:  # any other correction refuses the option, naming the ones it takes
         opts["alpha"] = cfg.correction.alpha

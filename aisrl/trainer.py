@@ -226,7 +226,9 @@ def train(cfg: TrainConfig, log=print) -> dict:
             picked = state["extra"]["end_point"]
             end_point = picked if isinstance(picked, dict) else {picked: 1.0}
         past = [c for c in state["extra"].get("calibrations", []) if measured(c)]  # (older runs kept every one)
-        sched.last_epoch = start  # the optimizer's restored lr is already the one for step start + 1
+        sched.last_epoch = start  # the schedule of this config, not the checkpoint's (a branch may change lr/warmup)
+        for group, base, lam in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
+            group["initial_lr"], group["lr"] = base, base * lam(start)  # the lr of step start + 1
         sync(merged_state(model))
         log(f"resumed from {ckpt} at step {start}")
     elif rank == 0:
@@ -363,7 +365,8 @@ def _mismatch_key(cfg: TrainConfig) -> dict:
     bypass): the guard's k3 baseline is valid only under them."""
     ro = cfg.rollout
     return {"quant": ro.quant, "align": ro.align, "temperature": ro.temperature, "top_p": ro.top_p,
-            "top_k": ro.top_k, "precision": cfg.precision, "bypass": cfg.correction.bypass}  # fmt: skip
+            "top_k": ro.top_k, "precision": cfg.precision, "bypass": cfg.correction.bypass, "keep": ro.keep,
+            "engine": ro.engine}  # fmt: skip
 
 
 def _guard_state(cfg: TrainConfig, extra: dict, log) -> dict:
@@ -374,7 +377,8 @@ def _guard_state(cfg: TrainConfig, extra: dict, log) -> dict:
     undo = extra.pop("guard_undo", None)
     if cfg.correction.guard <= 0:
         return {}
-    if extra.get("k3_rollout", _mismatch_key(cfg)) != _mismatch_key(cfg):
+    stored = {"keep": [], "engine": "hf", **extra.get("k3_rollout", _mismatch_key(cfg))}  # (keep, engine: later)
+    if stored != _mismatch_key(cfg):
         log("the checkpoint's rollout settings differ from this run's: the mismatch guard starts a new baseline")
         return {}
     return {"history": extra.get("k3", []), "saved": undo}

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 from conftest import TINY_LAB, load_benchmark, untimed
 
 from aisrl.branch import BranchConfig, branch_configs, run_branches, summarize_branch, table
@@ -63,6 +64,18 @@ def test_a_branch_can_change_settings_and_the_default_folder_names_them(run):
     r = rows(out)
     assert json.loads((out / "config.json").read_text())["rollout"]["quant"] == "none"
     assert r[1]["k3_kl"] > 0 and r[3]["k3_kl"] == pytest.approx(0.0, abs=1e-9)  # FP8 before, none after
+
+
+def test_a_branch_trains_at_its_own_learning_rate_from_its_first_step(run, monkeypatch):
+    seen, real = [], torch.optim.AdamW.step  # the optimizer restored from the checkpoint holds the run's lr
+
+    def step(self, *args, **kwargs):
+        seen.append(self.param_groups[0]["lr"])
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    assert main(["branch", f"run={run}", "step=2", "salts=[0]", "lr=0.01", "warmup_steps=4"]) == 0
+    assert seen == pytest.approx([0.01 * 3 / 4, 0.01])  # steps 3 and 4 of a 4-step warm-up: lr (s + 1) / 4
 
 
 def test_a_branch_trains_with_the_correction_it_names_not_its_runs(run):

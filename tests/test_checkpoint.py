@@ -5,7 +5,16 @@ import json
 import pytest
 import torch
 
-from aisrl.checkpoint import read_jsonl, record_config, record_start, run_start, same_start, weights_digest
+from aisrl.checkpoint import (
+    load_checkpoint,
+    read_jsonl,
+    record_config,
+    record_start,
+    run_start,
+    same_start,
+    save_checkpoint,
+    weights_digest,
+)
 
 
 def test_weights_digest_sees_every_value_name_and_dtype_but_not_dict_order():
@@ -20,7 +29,7 @@ def test_weights_digest_sees_every_value_name_and_dtype_but_not_dict_order():
     assert weights_digest({"v" if k == "w" else k: v for k, v in a.items()}) != d
 
 
-def test_start_is_recorded_once_and_runs_without_one_pair_with_anything(tmp_path):
+def test_start_is_recorded_until_the_first_checkpoint_and_runs_without_one_pair_with_anything(tmp_path):
     model = torch.nn.Linear(3, 2)
     a, b, old = tmp_path / "a", tmp_path / "b", tmp_path / "old"
     for d in (a, b, old):
@@ -30,7 +39,14 @@ def test_start_is_recorded_once_and_runs_without_one_pair_with_anything(tmp_path
     assert "cpu_capability" in json.loads((a / "start.json").read_text())["machine"]
     with torch.no_grad():
         model.weight.add_(1.0)
-    record_start(a, model)  # a resume: the first record stays
+    first = run_start(a)
+    record_start(a, model)  # a start that reached no checkpoint is replaced by the next one, with other weights
+    assert run_start(a) == weights_digest(model.state_dict()) != first
+    (a / "checkpoints").mkdir()
+    (a / "checkpoints" / "latest").write_text("step_000020")  # from here on the record is the run's
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    record_start(a, model)
     record_start(b, model)
     assert run_start(a) != run_start(b) and not same_start(a, b)
     assert run_start(old) is None and same_start(a, old) and same_start(old, b)
@@ -113,3 +129,12 @@ def test_pruning_keeps_this_runs_previous_checkpoint_and_drops_an_abandoned_star
     assert names() == ["step_000015", "step_000025"] and latest_checkpoint(tmp_path).name == "step_000025"
     save_checkpoint(tmp_path, 30, model, opt, {}, keep=1)
     assert names() == ["step_000030"]
+
+
+def test_a_checkpoint_of_another_model_is_refused_with_the_settings_to_check(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    ckpt = save_checkpoint(tmp_path, 1, model, torch.optim.AdamW(model.parameters()), {})
+    wider = torch.nn.Linear(4, 2)  # a run resumed under another lab.hidden, say
+    with pytest.raises(ValueError, match=r"step_000001 holds weights of another model .*size mismatch for weight.*"
+                                         r"model\.\*, lora\.\* or lab\.\* settings differ"):  # fmt: skip
+        load_checkpoint(ckpt, wider, torch.optim.AdamW(wider.parameters()))

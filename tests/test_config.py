@@ -122,6 +122,16 @@ def test_yaml_mappings_keep_their_types_and_are_checked_like_overrides(tmp_path)
         preset.write_text(text + "\n")
         with pytest.raises(ValueError, match=message):
             load_config(str(preset))
+    # YAML merge keys are YAML: a shared block merged in, and overridden where the mapping says so
+    preset.write_text("base: &b {temperature: 0.7, max_new_tokens: 9}\n")
+    with pytest.raises(ValueError, match="unknown config key 'base'"):  # the anchor must live somewhere known
+        load_config(str(preset))
+    preset.write_text("rollout:\n  <<: {temperature: 0.7, max_new_tokens: 9}\n  max_new_tokens: 8\n")
+    cfg = load_config(str(preset))
+    assert cfg.rollout.temperature == 0.7 and cfg.rollout.max_new_tokens == 8
+    preset.write_bytes(b"\xff\xfeseed: 3\n")  # UTF-16 from a Windows editor, say
+    with pytest.raises(ValueError, match=r"p\.yaml is not UTF-8 text .*at byte 0\): save it as UTF-8"):
+        load_config(str(preset))
 
 
 def test_a_recorded_config_json_reads_back_exactly(tmp_path):

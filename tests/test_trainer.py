@@ -186,7 +186,11 @@ save_checkpoint({str(tmp_path)!r}, 2, m, torch.optim.AdamW(m.parameters()), {{}}
         (["task=dataset", "model.name=smollm2"], "dataset='' is not set: give its path with dataset=PATH"),
         (["task_options=max_operand"], "config key 'task_options' expects a mapping with text keys"),
         (["task_options={'bogus': 1}", "model.name=smollm2"], "task 'arithmetic' got options ['bogus']; it accepts"),
-        (["task_options={'max_operand': 9}"], "task_options is set, but model.name=lab trains on its own task"),
+        (["task_options={'max_operand': 9}"], "task_options={'max_operand': 9} is set, but model.name=lab trains on"),
+        (["task=countdown"], "task='countdown' is set, but model.name=lab trains on its own task (lab.task="),
+        (["task=dataset", "dataset=d.jsonl"], "or clear task and dataset"),
+        (["model.name=smollm2", "dataset=d.jsonl"], "dataset='d.jsonl' is set, but task='arithmetic' does not read it"),
+        (["correction.ema=-1"], "ema must be in [0, 1)"),
         (["correction.name=icepop", "correction.options={'floor': 0.5}"], "it accepts ['low', 'high']"),
         (["correction.options={'cap': 3}"], "correction.options sets ['cap']: set them with their own keys"),
         (["output_dir="], "output_dir is empty; name the directory the run writes to"),
@@ -531,6 +535,11 @@ def test_a_checkpoint_keeps_the_guard_baseline_only_under_the_same_rollout_setti
     assert _guard_state(off, dict(extra), print) == {}
     longer = load_config("lab", [*TINY, "rollout.quant=fp8_e4m3_w8a8", "correction.guard=4", "max_steps=500"])
     assert _guard_state(longer, dict(extra), print)["history"] == [0.002, 0.003]  # same format and sampling
+    for other in ("rollout.keep=[model.layers.0.*]", "rollout.engine=static"):  # layers kept, another sampler
+        assert _guard_state(load_config("lab", [*TINY, "rollout.quant=fp8_e4m3_w8a8", "correction.guard=4", other]),
+                            dict(extra), print) == {}  # fmt: skip
+    before = {**extra, "k3_rollout": {k: v for k, v in extra["k3_rollout"].items() if k not in ("keep", "engine")}}
+    assert _guard_state(cfg, before, print)["history"] == [0.002, 0.003]  # stored before keep/engine were: defaults
 
 
 def test_a_pinned_alpha_runs_ais_as_the_chosen_point_between_none_and_tis(tmp_path, monkeypatch):
