@@ -424,8 +424,8 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
     for run in runs:
         g = groups.setdefault(run.group, {"format": run.fmt, "method": run.method, "reference": run.reference,
                                           "runs": {}, "missing": []})  # fmt: skip
-        rows = run_rows(run.path(cfg.out))
-        if rows and rows[-1]["step"] >= max_steps:
+        if finished(run.path(cfg.out), max_steps):  # not rows alone: a run killed saving its last step has them all
+            rows = run_rows(run.path(cfg.out))
             g["runs"][str(run.seed)] = summarize_run(rows[:max_steps], cfg.collapse_fraction, cfg.fall)
             g["runs"][str(run.seed)]["start"] = run_start(run.path(cfg.out))
             if cfg.final_samples > 0:  # only scores of this checkpoint and these settings

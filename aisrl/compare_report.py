@@ -6,12 +6,13 @@ is a function of the aggregate dict `aisrl.compare.aggregate` returns.
 
 from __future__ import annotations
 
+import math
 import shlex
 import statistics
 import sys
 from pathlib import Path
 
-from aisrl.compare import CompareConfig, _smooth
+from aisrl.compare import CompareConfig, _finite, _smooth
 
 
 def _pm(ms, scale: float = 100.0, digits: int = 1) -> str:
@@ -111,13 +112,10 @@ def plot(result: dict, path: Path) -> None:
                                   ls="--" if _is_reference(g) else "-")  # fmt: skip
             row[0].fill_between(steps, [min(c) for c in cols], [max(c) for c in cols], alpha=0.15,
                                 color=line.get_color())  # fmt: skip
-            ev = [r["eval_curve"] for r in rs]
-            xs = [s for s, _ in ev[0]]
-            ys = [statistics.fmean(e[i][1] for e in ev) for i in range(len(xs))]
+            xs, ys = _eval_curve(rs)
             row[1].plot([0, *xs], [statistics.fmean(r["eval_start"] or 0 for r in rs), *ys], "o-", ms=3,
                         color=line.get_color(), label=label)  # fmt: skip
-            if any(a is not None for a in rs[0]["alpha"]):
-                a = [statistics.fmean(r["alpha"][i - 1] for r in rs) for i in steps]
+            if _finite(a := _alpha_curve(rs, len(steps))):
                 row[2].plot(steps, a, color=line.get_color(), label=f"{label}: alpha")
             kl = [statistics.fmean(r["k3_kl"][i - 1] or 0 for r in rs) for i in steps]
             if any(k > 0 for k in kl):  # not the full-precision reference's exact zeros (a log scale)
@@ -133,6 +131,21 @@ def plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _eval_curve(rs: list[dict]) -> tuple[list[int], list[float]]:
+    """Mean held-out accuracy over seeds at the steps every seed evaluated at. Seeds of a study extended with
+    another max_steps or eval_every evaluate at different steps (the last one always); a mean over whichever seeds
+    evaluated at a step would move with the seeds it holds."""
+    curves = [dict(r["eval_curve"]) for r in rs]
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    return steps, [statistics.fmean(c[s] for c in curves) for s in steps]
+
+
+def _alpha_curve(rs: list[dict], n: int) -> list[float]:
+    """Per step, the mean alpha of the seeds that have one there (a calibrated method logs none on steps whose
+    correction leaves ais out); NaN, a gap in the line, where no seed has."""
+    return [statistics.fmean(_finite([r["alpha"][i] for r in rs]) or [math.nan]) for i in range(n)]
 
 
 def publish(cfg: CompareConfig, result: dict, root: str | Path = ".") -> None:

@@ -75,6 +75,14 @@ def _fake_rows(rewards, evals, start, kl):
     return rows
 
 
+def _write_run(d, rows):
+    """A run folder as a finished trainer leaves it: its metrics, and its last step's checkpoint and summary."""
+    (d / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "checkpoints" / "latest").write_text(f"step_{rows[-1]['step']:06d}")
+    (d / "summary.json").write_text(json.dumps({"steps": rows[-1]["step"]}))
+
+
 def test_summaries_and_aggregation_match_hand_computed_values(tmp_path):
     cfg = CompareConfig(methods=["tis"], formats=["mxfp4"], seeds=[0, 1], reference=False, out=str(tmp_path))
     kl = [0.1 * i for i in range(1, 11)]  # early fifth = steps 1-2, late fifth = steps 9-10
@@ -83,9 +91,7 @@ def test_summaries_and_aggregation_match_hand_computed_values(tmp_path):
         1: _fake_rows([0.5] * 10, {5: 0.3, 10: 0.35}, 0.2, kl),
     }
     for s, rows in seeds.items():
-        d = Run("mxfp4", "tis", s).path(tmp_path)
-        d.mkdir(parents=True)
-        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        _write_run(Run("mxfp4", "tis", s).path(tmp_path), rows)
     one = summarize_run(seeds[0], 0.5)
     assert (one["eval_start"], one["eval_final"], one["eval_best"]) == (0.3, 0.1, 0.4)
     assert one["collapsed"] and one["fell"]  # 0.4 at its best, 0.1 at the end
@@ -117,14 +123,41 @@ def test_summaries_and_aggregation_match_hand_computed_values(tmp_path):
     assert "| mxfp4" not in shown and "not finished, left out of every cell: mxfp4 tis: [0, 1]" in shown  # no row
 
 
+def test_aggregation_counts_only_runs_the_study_would_not_train_again(tmp_path):
+    """The trainer logs a step's row before it saves the step's checkpoint and, at the end, the summary: a run
+    killed in between has every row but is not finished (a re-run trains its last steps again)."""
+    cfg = CompareConfig(methods=["tis"], formats=["int4"], seeds=[0, 1, 2], reference=False, out=str(tmp_path))
+    for seed, reward in ((0, 0.5), (1, 0.9), (2, 0.9)):
+        _write_run(Run("int4", "tis", seed).path(tmp_path), _fake_rows([reward] * 10, {10: 0.3}, 0.2, [0.1] * 10))
+    (tmp_path / "int4/tis/seed1/checkpoints/latest").write_text("step_000008")  # killed saving step 10
+    (tmp_path / "int4/tis/seed2/summary.json").unlink()  # killed before the summary
+    g = aggregate(cfg, plan(cfg), max_steps=10)["groups"]["int4/tis"]
+    assert list(g["runs"]) == ["0"] and g["missing"] == [1, 2] and g["reward_last_fifth"] == (0.5, None)
+
+
+def test_the_figure_averages_evaluations_and_alpha_step_by_step(tmp_path):
+    from aisrl.compare_report import _alpha_curve, _eval_curve, plot
+
+    five, ten = {"eval_curve": [[5, 0.3], [10, 0.4]]}, {"eval_curve": [[10, 0.6]]}  # eval_every 5 and 10
+    assert _eval_curve([five, ten]) == _eval_curve([ten, five]) == ([10], [pytest.approx(0.5)])
+    # a calibrated method logs alpha only on steps whose end point is ais
+    alpha = _alpha_curve([{"alpha": [0.2] * 9 + [None]}, {"alpha": [0.6, None] * 5}], 10)
+    assert alpha[:9] == pytest.approx([0.4, 0.2] * 4 + [0.4]) and math.isnan(alpha[9])
+    cfg = CompareConfig(methods=["calibrated"], formats=["int4"], seeds=[0, 1], reference=False, out=str(tmp_path))
+    for seed, evals in ((0, {5: 0.3, 10: 0.4}), (1, {10: 0.6})):
+        rows = _fake_rows([0.5] * 10, evals, 0.2, [0.1] * 10)
+        rows = [dict(r, alpha=0.5 if r["step"] % 2 or seed else None) for r in rows]  # seed 0: ais on odd steps
+        _write_run(Run("int4", "calibrated", seed).path(tmp_path), rows)
+    plot(aggregate(cfg, plan(cfg), max_steps=10), tmp_path / "compare.png")
+    assert (tmp_path / "compare.png").stat().st_size > 0
+
+
 def test_paired_differences_leave_out_seeds_whose_runs_started_apart(tmp_path):
     cfg = CompareConfig(methods=["tis"], formats=["mxfp4"], seeds=[0, 1, 2], out=str(tmp_path))
     for run in plan(cfg):
         d = run.path(tmp_path)
-        d.mkdir(parents=True)
         base = 0.5 if run.reference else 0.4 + 0.1 * run.seed
-        rows = _fake_rows([base] * 10, {10: 0.3}, 0.2, [0.1] * 10)
-        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        _write_run(d, _fake_rows([base] * 10, {10: 0.3}, 0.2, [0.1] * 10))
         start = "bb" if (run.seed, run.reference) == (1, False) else "aa"  # seed 1's tis run began elsewhere
         (d / "start.json").write_text(json.dumps({"weights": start}))
     result = aggregate(cfg, plan(cfg), max_steps=10)
@@ -142,9 +175,7 @@ def test_only_current_final_scores_are_aggregated(tmp_path):
         (d / "checkpoints" / "step_000010").mkdir(parents=True)
         (d / "checkpoints" / "step_000010" / "model.safetensors").write_bytes(b"")
         (d / "checkpoints" / "step_000010" / "state.pt").write_bytes(b"")
-        (d / "checkpoints" / "latest").write_text("step_000010")
-        rows = _fake_rows([0.5] * 10, {10: 0.3}, 0.2, [0.1] * 10)
-        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        _write_run(d, _fake_rows([0.5] * 10, {10: 0.3}, 0.2, [0.1] * 10))
         if scored_step is not None:
             settings = {"checkpoint": f"step_{scored_step:06d}", "samples": 4, "scorer": SCORER}
             scores = {"settings": settings, "policy_reward": 0.7 + seed / 10, "sampler_reward": 0.6,
@@ -162,9 +193,7 @@ def test_only_current_final_scores_are_aggregated(tmp_path):
 
 def test_publish_writes_results_and_benchmarks_section(tmp_path):
     cfg = CompareConfig(methods=["none"], formats=["int4"], seeds=[0], reference=False, out=str(tmp_path / "s"))
-    d = Run("int4", "none", 0).path(cfg.out)
-    d.mkdir(parents=True)
-    (d / "metrics.jsonl").write_text(json.dumps(_fake_rows([0.2], {1: 0.3}, 0.25, [0.01])[0]) + "\n")
+    _write_run(Run("int4", "none", 0).path(cfg.out), _fake_rows([0.2], {1: 0.3}, 0.25, [0.01]))
     result = aggregate(cfg, plan(cfg), max_steps=1)
     (tmp_path / "BENCHMARKS.md").write_text("# Benchmarks\n\nkept\n")
     publish(cfg, result, root=tmp_path)
@@ -269,6 +298,12 @@ def test_a_study_re_run_with_other_overrides_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"reference/seed0 was trained with other settings \(lr: 0.0005 -> 0.001\)"):
         run_study(cfg, log=lambda _: None)
     cfg.train = ["lr=5e-4", "max_steps=9"]  # the recorded settings (the length may differ): aggregation goes on
+    assert run_study(cfg, log=lambda _: None)["groups"]["int4/tis"]["missing"] == [0]
+    for run in plan(cfg):  # no weights behind the records: a re-run trains them afresh under the new settings
+        (run.path(cfg.out) / "checkpoints" / "latest").unlink()
+        rows = _fake_rows([0.5] * 7, {7: 0.3}, 0.2, [0.1] * 7)  # every row logged, killed saving step 7
+        (run.path(cfg.out) / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg.train = ["lr=1e-3", "max_steps=7"]  # not refused, and not aggregated as if trained with lr=1e-3
     assert run_study(cfg, log=lambda _: None)["groups"]["int4/tis"]["missing"] == [0]
 
 
