@@ -113,11 +113,12 @@ def plot(result: dict, path: Path) -> None:
             row[0].fill_between(steps, [min(c) for c in cols], [max(c) for c in cols], alpha=0.15,
                                 color=line.get_color())  # fmt: skip
             xs, ys = _eval_curve(rs)
-            row[1].plot([0, *xs], [statistics.fmean(r["eval_start"] or 0 for r in rs), *ys], "o-", ms=3,
-                        color=line.get_color(), label=label)  # fmt: skip
+            if start := _finite([r["eval_start"] for r in rs]):  # the warm start's score, where it was taken
+                xs, ys = [0, *xs], [statistics.fmean(start), *ys]
+            row[1].plot(xs, ys, "o-", ms=3, color=line.get_color(), label=label)
             if _finite(a := _alpha_curve(rs, len(steps))):
                 row[2].plot(steps, a, color=line.get_color(), label=f"{label}: alpha")
-            kl = [statistics.fmean(r["k3_kl"][i - 1] or 0 for r in rs) for i in steps]
+            kl = [statistics.fmean(_finite([r["k3_kl"][i - 1] for r in rs]) or [0.0]) for i in steps]
             if any(k > 0 for k in kl):  # not the full-precision reference's exact zeros (a log scale)
                 row[3].plot(steps, _smooth(kl, 5), color=line.get_color(), label=label)
         titles = (f"{fmt}: training reward (10-step mean; band: min-max over seeds)", "held-out greedy accuracy",

@@ -135,7 +135,9 @@ def test_aggregation_counts_only_runs_the_study_would_not_train_again(tmp_path):
     assert list(g["runs"]) == ["0"] and g["missing"] == [1, 2] and g["reward_last_fifth"] == (0.5, None)
 
 
-def test_the_figure_averages_evaluations_and_alpha_step_by_step(tmp_path):
+def test_the_figure_averages_evaluations_and_alpha_step_by_step(tmp_path, monkeypatch):
+    from matplotlib.lines import Line2D
+
     from aisrl.compare_report import _alpha_curve, _eval_curve, plot
 
     five, ten = {"eval_curve": [[5, 0.3], [10, 0.4]]}, {"eval_curve": [[10, 0.6]]}  # eval_every 5 and 10
@@ -148,8 +150,18 @@ def test_the_figure_averages_evaluations_and_alpha_step_by_step(tmp_path):
         rows = _fake_rows([0.5] * 10, evals, 0.2, [0.1] * 10)
         rows = [dict(r, alpha=0.5 if r["step"] % 2 or seed else None) for r in rows]  # seed 0: ais on odd steps
         _write_run(Run("int4", "calibrated", seed).path(tmp_path), rows)
-    plot(aggregate(cfg, plan(cfg), max_steps=10), tmp_path / "compare.png")
+    result = aggregate(cfg, plan(cfg), max_steps=10)
+    runs = result["groups"]["int4/calibrated"]["runs"]
+    runs["0"]["eval_start"], runs["1"]["eval_start"] = 0.2, None  # seed 1 not scored at the start
+    runs["0"]["k3_kl"][2] = math.nan  # a non-finite row
+    drawn = []
+    monkeypatch.setattr("matplotlib.axes.Axes.plot", lambda ax, *a, **k: drawn.append(a) or [Line2D([], [])])
+    plot(result, tmp_path / "compare.png")
     assert (tmp_path / "compare.png").stat().st_size > 0
+    held_out = next(a for a in drawn if a[2:] == ("o-",))
+    assert held_out[0] == [0, 10] and held_out[1] == [pytest.approx(0.2), pytest.approx(0.5)]  # not (0.2 + 0) / 2
+    k3 = next(a for a in drawn if len(a) == 2 and len(a[1]) == 10 and a[1][0] == pytest.approx(0.1))
+    assert all(math.isfinite(v) for v in k3[1])
 
 
 def test_paired_differences_leave_out_seeds_whose_runs_started_apart(tmp_path):
