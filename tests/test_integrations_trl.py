@@ -70,12 +70,10 @@ def test_correction_none_gives_trls_own_loss(tmp_path):
                           processing_class=tok, correction="none", rollout_quant="none")  # fmt: skip
     batch = [{"prompt": p} for p in ds["prompt"][:2] for _ in range(4)]
     inputs = ours._generate_and_score_completions(batch)
-    assert inputs["advantages"].shape == inputs["completion_ids"].shape  # the folded (N, T) advantages
+    assert inputs["advantages"].shape == inputs["completion_ids"].shape[:1]  # TRL's own (N,) advantages, untouched
     plain = trl.GRPOTrainer(model=model, reward_funcs=reward_w5, args=grpo_args(tmp_path / "b"), train_dataset=ds,
                             processing_class=tok)  # fmt: skip
     theirs = {k: v for k, v in inputs.items() if k != "sampling_per_token_logps"}
-    theirs["advantages"] = inputs["advantages"][:, 0]  # TRL's own (N,) advantages: with w = 1 nothing else changed
-    assert torch.equal(inputs["advantages"], theirs["advantages"][:, None] * inputs["completion_mask"])
     model.train()
     ours.current_gradient_accumulation_steps = plain.current_gradient_accumulation_steps = 1
     loss_ours, loss_theirs = ours._compute_loss(model, inputs), plain._compute_loss(model, theirs)
@@ -239,3 +237,76 @@ def test_the_callers_grpo_config_is_left_as_it_was(tmp_path, monkeypatch, positi
     used = seen["a"][1] if positional else seen["kw"]["args"]
     assert used is not cfg and not used.vllm_importance_sampling_correction
     assert cfg.vllm_importance_sampling_correction and used.output_dir == cfg.output_dir
+
+
+def _spy_on_trl(monkeypatch, captured, nan_at=None):
+    """Wrap GRPOTrainer._generate_and_score_completions: keep a copy of what TRL returned (before the adapter), and
+    optionally make one sampling log-prob NaN, as TRL does for a token vLLM returned no log-prob for."""
+    orig = trl.GRPOTrainer._generate_and_score_completions
+
+    def spy(self, inputs):
+        out = orig(self, inputs)
+        if nan_at is not None:
+            out["sampling_per_token_logps"][nan_at] = float("nan")
+        captured["out"] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in out.items()}
+        return out
+
+    monkeypatch.setattr(trl.GRPOTrainer, "_generate_and_score_completions", spy)
+
+
+@pytest.mark.parametrize("veto", [0.0, 0.992])
+def test_correction_none_leaves_the_advantages_alone_where_a_log_prob_is_missing(tmp_path, monkeypatch, veto):
+    """correction='none' is TRL's loss as it is: a token without a sampling log-prob (NaN) keeps its advantage (the
+    correction would drop it), and the mismatch metrics are still logged. A veto asked for with it drops the vetoed
+    sequences, and nothing else."""
+    model, tok, ds = tiny_setup()
+    tr = AISGRPOTrainer(model=model, reward_funcs=reward_w5, args=grpo_args(tmp_path), train_dataset=ds,
+                        processing_class=tok, correction="none", correction_options={"veto": veto} if veto else None,
+                        rollout_quant="mxfp4")  # fmt: skip
+    captured = {}
+    _spy_on_trl(monkeypatch, captured, nan_at=(0, 0))
+    tr.model.train()
+    out = tr._generate_and_score_completions([{"prompt": p} for p in ds["prompt"][:2] for _ in range(4)])
+    raw = captured["out"]
+    mask = raw["completion_mask"].bool()
+    assert mask[0, 0] and torch.isnan(raw["sampling_per_token_logps"][0, 0]) and raw["advantages"][0] != 0
+    logged = {k: v[-1] for k, v in tr._metrics["train"].items() if k.startswith("aisrl/")}
+    assert logged["aisrl/nonfinite_frac"] == pytest.approx(1 / mask.sum().item())  # the metrics still come
+    if not veto:
+        assert out["advantages"].shape == raw["advantages"].shape  # TRL's (N,) advantages, bit for bit
+        assert torch.equal(out["advantages"], raw["advantages"])
+        return
+    raw_w = torch.exp(tr._trainer_logps(raw) - raw["sampling_per_token_logps"])  # NaN at (0, 0)
+    kept = ~(mask & (raw_w < veto)).any(-1)  # by hand: a NaN compares False, so it vetoes nothing
+    assert 0 < kept.sum() < len(kept)
+    assert torch.equal(out["advantages"], raw["advantages"] * kept)
+    assert logged["aisrl/veto_frac_seq"] == pytest.approx(1 - kept.float().mean().item())
+
+
+@pytest.mark.parametrize("loss_type", ["bnpo", "dapo"])
+def test_a_rejecting_correction_scales_trls_loss_by_the_kept_fraction(tmp_path, monkeypatch, loss_type):
+    """Rejected tokens get advantage 0 but stay in TRL's denominators (the documented convention): with TRL's
+    token-normalised loss types, TRL's loss is aisrl's grpo_loss (rejected tokens out of the denominator) times
+    the fraction of tokens kept."""
+    from aisrl.losses import grpo_loss
+
+    model, tok, ds = tiny_setup()
+    tr = AISGRPOTrainer(model=model, reward_funcs=reward_w5, args=grpo_args(tmp_path, loss_type=loss_type),
+                        train_dataset=ds, processing_class=tok, correction="icepop",
+                        correction_options={"low": 0.995, "high": 1.005}, rollout_quant="mxfp4")  # fmt: skip
+    captured = {}
+    _spy_on_trl(monkeypatch, captured)
+    model.train()
+    out = tr._generate_and_score_completions([{"prompt": p} for p in ds["prompt"][:2] for _ in range(4)])
+    raw = captured["out"]
+    assert raw.get("old_per_token_logps") is None and tr.beta == 0  # TRL's ratio is exactly 1, no KL term
+    mask = raw["completion_mask"].bool()
+    old = tr._trainer_logps(raw)
+    w = torch.exp(old - raw["sampling_per_token_logps"])
+    keep = mask & (w >= 0.995) & (w <= 1.005)  # icepop by hand
+    kept_frac = keep.sum().item() / mask.sum().item()
+    assert 0 < kept_frac < 1
+    tr.current_gradient_accumulation_steps = 1
+    loss = tr._compute_loss(model, out)
+    core, _ = grpo_loss(old, old, raw["advantages"], keep, weights=torch.where(keep, w, 0.0), agg="token-mean")
+    assert core.abs() > 0 and torch.allclose(loss, core * kept_frac, atol=1e-6, rtol=1e-5), (loss, core, kept_frac)

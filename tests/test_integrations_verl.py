@@ -162,3 +162,121 @@ def test_installed_verl_passes_the_version_check(verl_algos):
     from aisrl.integrations.verl import _verl_version
 
     check_verl(verl_algos, _verl_version())
+
+
+def _verl_agg_loss(loss_mat, loss_mask, loss_agg_mode, dp_size=1, batch_num_tokens=None, global_batch_size=None,
+                   loss_scale_factor=None):  # fmt: skip
+    """verl's verl.trainer.ppo.core_algos.agg_loss (token-mean and the seq-mean modes) as verl documents it: with global
+    batch information it divides by verl's global counts, not by the mask it is given, times dp_size to cancel the
+    data-parallel gradient average. (Some verl releases divide the seq-mean modes by global_batch_size * dp_size, a
+    dp_size**2 scale bug, verl PR #5798; the stub follows the intended, parallelism-invariant form.)"""
+    mask = loss_mask.to(loss_mat.dtype)
+    if loss_agg_mode == "token-mean":
+        batch_num_tokens = mask.sum() if batch_num_tokens is None else batch_num_tokens
+        return (loss_mat * mask).sum() / batch_num_tokens * dp_size
+    seq_tokens = mask.sum(-1)
+    if loss_agg_mode == "seq-mean-token-mean":
+        seq_losses = (loss_mat * mask).sum(-1) / (seq_tokens + 1e-8)
+    elif loss_agg_mode == "seq-mean-token-sum":
+        seq_losses = (loss_mat * mask).sum(-1)
+    else:
+        raise ValueError(f"Invalid loss_agg_mode: {loss_agg_mode}")
+    seq_mask = (seq_tokens > 0).to(loss_mat.dtype)
+    global_batch_size = seq_mask.sum() if global_batch_size is None else global_batch_size
+    return (seq_losses * seq_mask).sum() / global_batch_size * dp_size
+
+
+@pytest.fixture
+def stub_verl(monkeypatch):
+    """A stub verl.trainer.ppo.core_algos holding `_verl_agg_loss` (in place of verl, installed or not, for the test's
+    duration), so that make_policy_loss's own import of agg_loss finds it."""
+    import sys
+    import types
+
+    for name in ("verl", "verl.trainer", "verl.trainer.ppo", "verl.trainer.ppo.core_algos"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules["verl.trainer.ppo.core_algos"].agg_loss = _verl_agg_loss
+
+
+def test_a_nan_rollout_log_prob_on_the_first_call_is_dropped_not_refused(stub_verl):
+    """verl's weights are exp(clamp(old - rollout, -20, 20)): clamp keeps NaN, so a token whose rollout log-prob is NaN
+    arrives as a NaN weight. That is no misconfiguration: the token leaves the loss on the first micro-batch as on any
+    later one (counted in nonfinite_frac), and the settings heuristics still judge the other tokens."""
+    old, rollout, logp, adv, mask, w = batch(4)
+    rollout[1, 2] = float("nan")  # one token the rollout engine could not score (inside sequence 1's 5 tokens)
+    w = torch.exp((old - rollout).clamp(-20, 20)) * mask  # what verl passes: NaN at (1, 2)
+    assert torch.isnan(w[1, 2])
+    keep = mask.clone()
+    keep[1, 2] = False  # worked out by hand: the NaN token out, every other valid token in
+    w_tis = torch.where(keep, torch.exp(old - rollout).clamp(max=2.0), 0.0)
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        fn = make_policy_loss("tis", cap=2.0)  # a fresh loss: this is its first call
+        loss, metrics = fn(old, logp, adv, mask, agg, CFG, w)
+        expect, _ = grpo_loss(logp, old, adv, keep, weights=w_tis, clip=(0.2, 0.28), dual_clip=3.0, agg=agg)
+        assert torch.isfinite(loss) and torch.allclose(loss, expect, atol=1e-6, rtol=1e-5), (agg, loss, expect)
+        g, g_expect = torch.autograd.grad(loss, logp)[0], torch.autograd.grad(expect, logp)[0]
+        assert torch.isfinite(g).all() and torch.allclose(g, g_expect, atol=1e-6) and g[1, 2] == 0
+        assert metrics["aisrl/nonfinite_frac"] == pytest.approx(1 / mask.sum().item())
+    # the NaN does not blind the heuristics: truncated weights around it are still refused on a first call
+    with pytest.raises(ValueError, match="truncated at 1.05"):
+        make_policy_loss("tis")(old, logp, adv, mask, "token-mean", CFG, w.clamp(max=1.05))
+    assert check_raw_weights(w, mask) is True
+    # a first micro-batch whose weights are all NaN has nothing to judge: the next one is checked
+    fn = make_policy_loss("tis")
+    fn(old, logp, adv, mask, "token-mean", CFG, torch.full_like(w, float("nan")))
+    with pytest.raises(ValueError, match="truncated at 1.05"):
+        fn(old, logp, adv, mask, "token-mean", CFG, w.clamp(max=1.05))
+
+
+def _kept_by_hand(name, old, rollout, mask):
+    """(N, T) bool: the tokens a rejecting correction keeps, from its definition (aisrl.correction's docstring)."""
+    w = torch.exp(old - rollout)
+    if name == "icepop":  # token kept when w in [0.8, 1.25]
+        return mask & (w >= 0.8) & (w <= 1.25)
+    if name == "seq_mask":  # sequence kept when W = prod w in [0.7, 1.4]
+        big_w = torch.exp(((old - rollout) * mask).sum(-1, keepdim=True))
+        return mask & (big_w >= 0.7) & (big_w <= 1.4)
+    vetoed = (mask & (w < 0.8)).any(-1, keepdim=True)  # tis with veto=0.8: sequences holding a w < 0.8 leave
+    return mask & ~vetoed
+
+
+@pytest.mark.parametrize("dp_size", [1, 2])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize(
+    ("name", "opts"),
+    [
+        ("icepop", {"low": 0.8, "high": 1.25}),
+        ("seq_mask", {"low": 0.7, "high": 1.4}),
+        ("tis", {"cap": 2.0, "veto": 0.8}),
+    ],
+)
+def test_with_verls_global_batch_counts_a_rejecting_loss_is_the_aisrl_loss_times_the_kept_fraction(
+    name, opts, agg, dp_size, stub_verl
+):
+    """verl >= 0.7 passes global_batch_info (dp_size, batch_num_tokens, global_batch_size) counted from its response
+    mask before the correction ran, so rejected tokens and sequences stay in the denominators: the adapter's loss
+    (and step), summed over micro-batches (dp_size=1: gradient accumulation) or averaged over ranks (dp_size=2: each
+    micro-batch one rank, as DDP averages), is aisrl's grpo_loss on the whole batch times the kept fraction, tokens
+    for token-mean and sequences for the seq-mean modes. The documented convention (module docstring)."""
+    old, rollout, logp, adv, mask, w = batch(5)
+    keep = _kept_by_hand(name, old, rollout, mask)
+    n_tok, n_seq = mask.sum().item(), mask.any(-1).sum().item()
+    kept_tok, kept_seq = keep.sum().item(), keep.any(-1).sum().item()
+    assert 0 < kept_tok < n_tok and kept_seq > 0  # a real rejection, not all of it
+    frac = kept_tok / n_tok if agg == "token-mean" else kept_seq / n_seq
+    if agg != "token-mean" and name == "icepop":
+        assert kept_seq == n_seq  # icepop keeps every sequence here: only the token mean inside them changes
+    info = {"dp_size": dp_size, "batch_num_tokens": n_tok, "global_batch_size": n_seq}  # counts over all ranks
+    cfg = {**CFG, "global_batch_info": info}
+    fn = make_policy_loss(name, **opts)
+    total = sum(fn(old[s], logp[s], adv[s], mask[s], agg, cfg, w[s])[0] for s in (slice(0, 3), slice(3, 6)))
+    total = total / dp_size
+    w_token = {"icepop": torch.exp(old - rollout), "seq_mask": torch.ones_like(old),
+               "tis": torch.exp(old - rollout).clamp(max=2.0)}[name]  # fmt: skip
+    weights = torch.where(keep, w_token, 0.0)  # each correction's weights, by hand
+    core, _ = grpo_loss(logp, old, adv, keep, weights=weights, clip=(0.2, 0.28), dual_clip=3.0, agg=agg)
+    assert torch.allclose(total, core * frac, atol=1e-6, rtol=1e-5), (total, core, frac)
+    g, g_core = torch.autograd.grad(total, logp)[0], torch.autograd.grad(core, logp)[0]
+    assert torch.allclose(g, g_core * frac, atol=1e-6, rtol=1e-5)
+    if frac < 1:
+        assert not torch.allclose(total, core, atol=1e-6, rtol=1e-5)  # the relation has teeth: the two differ

@@ -12,7 +12,21 @@ handing TRL per-token advantages `A * w_t * m_t` (TRL accepts (N, T) advantages)
 generation batch in `_generate_and_score_completions`, right after TRL scores it:
     old_logp (trainer precision, no grad) and rollout_logp (what the generator sampled with)
     -> correct(name, old_logp, rollout_logp, mask) -> advantages * weights * mask, metrics logged as aisrl/*
-Masked tokens keep their place in TRL's loss denominators, as in TRL's own masking modes.
+With correction='none' the advantages are left as TRL made them (the metrics are still logged when the sampler
+reported log-probs); a `veto` option then zeroes the advantages of the sequences it vetoes, and nothing else.
+
+Loss denominators under rejection (icepop, seq_mask, geo_mask, k*_reject, veto=). The aisrl trainer takes rejected
+tokens out of the loss and out of its denominators (aisrl.update: mask=res.mask); here they get advantage 0 but keep
+their place in TRL's denominators, which TRL computes from completion_mask (as with TRL's own masking modes). So the
+loss, and the step, are the aisrl trainer's scaled down by what was kept: for the token-normalised loss types (bnpo:
+per micro-batch; dapo, cispo: over the generation batch, through num_items_in_batch) by the fraction of tokens kept;
+for the per-sequence means (grpo, sapo) each sequence's term by its own kept-token fraction, wholly rejected
+sequences still counting in the mean over sequences; for dr_grpo and luspo by the fraction of sequences kept. That
+acts like a learning rate scaled by the kept fraction (Adam-type optimisers largely normalise a steady scale away, SGD
+does not): tune the learning rate with the correction on, and watch aisrl/mask_frac_token and aisrl/mask_frac_seq
+(1 - kept fraction). Matching the aisrl convention exactly would need the kept counts of the micro-batches TRL
+shuffles and splits the generation batch into afterwards (`_prepare_inputs`), applied inside TRL's private
+`_compute_loss`; the adapter does not reach in there.
 
 Rollout log-probs come from one of three sources: vLLM (`use_vllm=True`: TRL collects them; TRL's own
 correction is switched off so that only ours applies), a `rollout_func` (TRL requires it to return the sampled
@@ -40,6 +54,7 @@ except ImportError as e:  # pragma: no cover - exercised only without trl
     raise ImportError("aisrl.integrations.trl needs TRL: pip install 'aisrl[trl]' (or pip install trl)") from e
 
 from aisrl.correction import CORRECTIONS, check_options, correct
+from aisrl.diagnostics import prepare
 from aisrl.lora import is_peft
 from aisrl.quant import QuantConfig, quant_config, quantize_, sync_weights
 from aisrl.rollout import SamplingParams, generate, request_seeds
@@ -90,7 +105,10 @@ def _shards_parameters(trainer) -> bool:
 class AISGRPOTrainer(GRPOTrainer):
     """`trl.GRPOTrainer` plus three keyword arguments.
 
-    correction: a name of aisrl.correction.CORRECTIONS ('ais' by default; 'none' leaves TRL's loss as it is).
+    correction: a name of aisrl.correction.CORRECTIONS ('ais' by default; 'none' leaves TRL's loss as it is, its
+        advantages untouched, and logs the mismatch metrics where the sampler reports log-probs). A rejecting
+        correction keeps the rejected tokens in TRL's denominators: the step shrinks by the kept fraction (module
+        docstring).
     correction_options: keyword options of that correction, e.g. {"cap": 2.0} or {"ema": 0.9} for AIS.
     rollout_quant: an aisrl.quant preset ('fp8_e4m3_w8a8', 'mxfp4', ...), an aisrl.quant.QuantConfig (e.g.
         `quant_config("nvfp4_w4a4", keep=("model.layers.0.self_attn.*",))` for mixed precision) or 'none'
@@ -206,8 +224,15 @@ class AISGRPOTrainer(GRPOTrainer):
             opts["prev_alpha"] = self._aisrl["prev_alpha"]
         res = correct(self._aisrl["name"], old_logp, rollout_logp, mask.bool(), **opts)
         adv = out["advantages"]
-        adv = adv.unsqueeze(1) if adv.dim() == 1 else adv  # (N, 1) or already (N, T)
-        out["advantages"] = adv * (res.weights * res.mask).to(adv.dtype).detach()  # (N, T)
+        if self._aisrl["name"] == "none":  # TRL's loss as it is: `correct` would zero a token vLLM could not score
+            if opts.get("veto"):  # ... but a veto asked for still drops its sequences, and only them
+                usable = prepare(old_logp, rollout_logp, mask.bool()).mask  # (N, T) tokens `correct` could judge
+                kept = ~(usable & ~res.mask.to(usable.device)).any(-1)  # (N,) sequences the veto left alone
+                kept = kept.to(adv.device, adv.dtype)
+                out["advantages"] = adv * (kept if adv.dim() == 1 else kept[:, None])
+        else:
+            adv = adv.unsqueeze(1) if adv.dim() == 1 else adv  # (N, 1) or already (N, T)
+            out["advantages"] = adv * (res.weights * res.mask).to(adv.dtype).detach()  # (N, T)
         mode = "train" if self.model.training else "eval"
         if "alpha" in res.metrics and mode == "train":  # evaluation batches do not move the EMA
             self._aisrl["prev_alpha"] = res.metrics["alpha"].item()

@@ -22,7 +22,10 @@ log-probs are recovered exactly on valid tokens, rollout_logp = old_logp - log(w
     actor_rollout_ref.rollout.calculate_log_probs=true
 
 The first call checks what arrived and raises a ValueError naming these settings when it cannot be raw
-token weights (none at all, values capped at a threshold, zeros inside the mask, or constant per sequence).
+token weights (none at all, values capped at a threshold, zeros inside the mask, or constant per sequence). A NaN
+weight is not read as a setting: verl's exp(clamp(old - rollout, -20, 20)) keeps the NaN of a token whose rollout
+log-prob is NaN, and `correct` drops that token from the loss (counted in `aisrl/nonfinite_frac`), on the first
+micro-batch as on any other.
 verl bounds the log-ratio at +-20 before exponentiating, so the recovered rollout log-prob is exact only where
 |old_logp - rollout_logp| <= 20; aisrl clamps log-ratios at the same bound (aisrl.diagnostics.LOG_RATIO_CLAMP),
 so the corrections see what they would have seen with the true rollout log-probs.
@@ -40,6 +43,24 @@ With one mini-batch and one epoch verl's actor replaces old_log_prob by the curr
 that point) after the weights were computed, so the recovered rollout_logp is shifted by that difference while
 the log-ratio the correction sees, log(w), is exact: weights, alpha and every ratio metric are right; only
 `rollout_ppl` and `ppl_diff` carry the shift.
+
+Loss denominators under rejection (icepop, seq_mask, geo_mask, k*_reject, veto=). The aisrl trainer takes rejected
+tokens out of the loss and out of its denominators (aisrl.update: mask=res.mask). Here the kept-token mask goes to
+verl's `agg_loss`, but what it divides by depends on verl's path:
+- no global batch information (verl's legacy dp_actor path, `global_batch_info` empty): the micro-batch's kept
+  tokens (token-mean) or kept sequences (seq-mean-*), as in the aisrl trainer;
+- verl >= 0.7's model-engine path (`global_batch_info` = dp_size, batch_num_tokens, global_batch_size): verl counted
+  those from its own response mask before the correction ran, so rejected tokens and wholly rejected sequences stay
+  in them: the loss, and the step, are the aisrl trainer's times the kept fraction, tokens kept / batch_num_tokens for
+  token-mean, sequences kept / global_batch_size for seq-mean-* (for one micro-batch on one rank exactly; summed over
+  micro-batches and ranks, the kept fraction of the global batch). The per-sequence token mean of seq-mean-token-mean
+  still runs over the kept tokens.
+The adapter does not rescale to the aisrl convention: the global kept count is known only after every micro-batch of
+every rank has run its correction, and a collective inside the loss could hang (ranks run different numbers of
+micro-batches); a per-micro-batch rescale would up-weight micro-batches that lost most of their tokens. So, on that
+path, a rejecting correction shrinks the step by the kept fraction, which acts like a learning rate scaled by it
+(Adam-type optimisers largely normalise a steady scale away, SGD does not): tune the learning rate with the
+correction on, and watch `aisrl/mask_frac_token` / `aisrl/mask_frac_seq` (1 - kept fraction, per micro-batch).
 
 Needs verl >= 0.7: earlier versions call policy losses without `rollout_is_weights` or expect four return
 values; install() refuses them (`check_verl`).
@@ -102,19 +123,24 @@ def _settings_error(what: str) -> ValueError:
                       + "\n  ".join(REQUIRED_SETTINGS))  # fmt: skip
 
 
-def check_raw_weights(w: torch.Tensor | None, mask: torch.Tensor) -> None:
-    """Raise if `w` cannot be verl's untruncated token-level exp(old_logp - rollout_logp)."""
+def check_raw_weights(w: torch.Tensor | None, mask: torch.Tensor) -> bool:
+    """Raise if `w` cannot be verl's untruncated token-level exp(old_logp - rollout_logp); return whether there was
+    anything to judge (False for a micro-batch without a valid token, or whose weights are all NaN).
+
+    NaN weights are not a sign of the settings: verl's exp(clamp(old - rollout, -20, 20)) keeps the NaN of a token
+    the rollout engine could not score (clamp passes NaN through), and `correct` drops such tokens (counted in
+    `nonfinite_frac`). So the heuristics look at the other tokens only."""
     if w is None:
         raise _settings_error("verl passed no rollout_is_weights (rollout_is is off or rollout log-probs missing)")
-    on = mask.bool()
+    on = mask.bool() & ~torch.isnan(w.detach())  # (N, T) the tokens the heuristics judge
     v = w.detach()[on]
     if v.numel() == 0:
-        return
+        return False
     if not torch.isfinite(v).all() or (v <= 0).any():
-        raise _settings_error("rollout_is_weights has zeros or non-finite values inside the response mask "
+        raise _settings_error("rollout_is_weights has zeros or infinite values inside the response mask "
                               "(a rejection/IcePop threshold such as '0.5_2.0' was applied)")  # fmt: skip
     if (v == 1).all():
-        return  # bit-identical engines: raw weights that are all exactly 1
+        return True  # bit-identical engines: raw weights that are all exactly 1
     lengths = on.sum(-1)
     multi = lengths > 1
     if multi.sum() >= 2:
@@ -126,10 +152,12 @@ def check_raw_weights(w: torch.Tensor | None, mask: torch.Tensor) -> None:
     at_bound = top >= math.exp(LOG_RATIO_CLAMP) * (1 - 1e-6)  # verl's own safety bound: ties there are raw
     if top > 1.0 and (v == top).sum() >= 3 and not at_bound:  # raw exp(log-ratio) values practically never tie
         raise _settings_error(f"rollout_is_weights look truncated at {top.item():g} (many tokens share the maximum)")
+    return True
 
 
 def make_policy_loss(name: str, **options):
-    """A verl policy-loss function applying aisrl correction `name` with `options` (e.g. cap=2.0)."""
+    """A verl policy-loss function applying aisrl correction `name` with `options` (e.g. cap=2.0). With verl's global
+    batch information, a rejecting correction scales the loss by the kept fraction (module docstring)."""
     if name not in CORRECTIONS:
         raise ValueError(f"unknown correction {name!r}; choose from {sorted(CORRECTIONS)}")
     check_options(name, **options)  # at install(), not inside a Ray worker after the first rollout
@@ -140,9 +168,8 @@ def make_policy_loss(name: str, **options):
         from verl.trainer.ppo.core_algos import agg_loss
 
         on = response_mask.bool()
-        if rollout_is_weights is None or not state["checked"]:  # the settings are fixed: the heuristics run once
-            check_raw_weights(rollout_is_weights, on)
-            state["checked"] = True
+        if rollout_is_weights is None or not state["checked"]:  # the settings are fixed: the heuristics run once,
+            state["checked"] = check_raw_weights(rollout_is_weights, on)  # on the first micro-batch with a weight
         safe_w = torch.where(on, rollout_is_weights.detach(), torch.ones_like(rollout_is_weights))
         rollout_logp = torch.where(on, old_log_prob.detach() - safe_w.log(), 0.0)  # (N, T)
         opts = dict(options)
