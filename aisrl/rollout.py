@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from aisrl.quant import fp8_kv, kv_scales
 
@@ -302,6 +303,13 @@ def _logit_finish(model):
     return finish
 
 
+def _score_chunk(head, finish, hidden: torch.Tensor, tgt: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """(b, c) log-probs of the tokens `tgt` from the (b, c, H) states that predict them; the (b, c, V) processed
+    log-softmax lives only inside this call."""
+    lp = process_logits(finish(head(hidden)).float(), params)  # (b, c, V) FP32 under autocast
+    return lp.gather(-1, tgt[..., None]).squeeze(-1)
+
+
 def logprobs(
     model,
     prompt_ids: torch.Tensor,
@@ -318,7 +326,9 @@ def logprobs(
     Runs the transformer body on micro-batches of rows of similar length (`length_order`), each cut to its own
     width: prompt columns before its first token and completion columns after its last one hold no token, so
     dropping them changes no result. Applies the output head to `chunk` positions at a time. Differentiable when
-    called with grad enabled (the trainer path); 0 where completion_mask is False.
+    called with grad enabled (the trainer path), where each chunk's head and sampling processing are recomputed in
+    backward (activation checkpointing) so that no (b, c, V) tensor outlives its chunk; 0 where completion_mask is
+    False.
     """
     params = params or SamplingParams()
     body, head, finish = model.get_decoder(), model.get_output_embeddings(), _logit_finish(model)
@@ -339,9 +349,12 @@ def logprobs(
         hidden = hidden[:, P - a - 1 : -1]  # (b, t, H): the state that predicts each completion token
         rows = []
         for c in range(0, t, chunk):
-            lp = process_logits(finish(head(hidden[:, c : c + chunk])).float(), params)  # (b, c, V) FP32 under autocast
             tgt = completion_ids[idx, c : min(c + chunk, t)].to(device)
-            rows.append(lp.gather(-1, tgt[..., None]).squeeze(-1))  # (b, c)
+            if hidden.requires_grad:  # recomputed in backward: autograd keeps no chunk's (b, c, V) tensors
+                rows.append(checkpoint(_score_chunk, head, finish, hidden[:, c : c + chunk], tgt, params,
+                                       use_reentrant=False))  # fmt: skip
+            else:
+                rows.append(_score_chunk(head, finish, hidden[:, c : c + chunk], tgt, params))  # (b, c)
         parts.append(F.pad(torch.cat(rows, dim=1), (0, T - t)))  # (b, T)
     lp = torch.cat(parts)[torch.argsort(order)].to(completion_mask.device)  # back to the callers' row order
     return torch.where(completion_mask, lp, torch.zeros((), dtype=lp.dtype, device=lp.device))

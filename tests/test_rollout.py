@@ -131,6 +131,28 @@ def test_logprobs_of_ragged_rows_equal_unpadded_forwards(model):
     assert (empty == 0).all() and empty.requires_grad
 
 
+def test_training_logprobs_keep_no_vocabulary_wide_tensor_for_backward_and_give_the_plain_gradient():
+    """The trainer differentiates logprobs: chunking the head bounds its memory only if backward does not hold
+    every chunk's (b, c, V) log-softmax (and top-p's sort) until the end; the gradient is that of one plain pass."""
+    model = tiny_model("tiny-llama", seed=0, vocab_size=500)
+    g = torch.Generator().manual_seed(1)
+    ids, pmask = left_pad([[1, 5, 6, 7], [1, 9]], pad_id=0)
+    comp, cmask = torch.randint(3, 500, (2, 12), generator=g), torch.ones(2, 12, dtype=torch.bool)
+    params = SamplingParams(temperature=0.7, top_p=0.9)
+    widths = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: widths.append(t.shape[-1:]) or t, lambda t: t):
+        lp = logprobs(model, ids, pmask, comp, cmask, params, micro_batch=2, chunk=4)
+    assert widths and (500,) not in widths
+    lp.sum().backward()
+    chunked = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    mask = torch.cat([pmask, cmask], 1)
+    logits = model(torch.cat([ids, comp], 1), attention_mask=mask.long(), position_ids=_positions(mask)).logits
+    process_logits(logits[:, 3:-1], params).gather(-1, comp[..., None]).sum().backward()  # whole (B, T, V) at once
+    for a, b in zip(chunked, [p.grad for p in model.parameters()], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
 def test_left_padding_and_errors(model):
     ids, mask = left_pad([[5], [6, 7, 8]], pad_id=0)
     assert ids.tolist() == [[0, 0, 5], [6, 7, 8]] and mask.tolist() == [[False, False, True], [True] * 3]
