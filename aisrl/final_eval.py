@@ -12,7 +12,9 @@ This module scores the final checkpoint of a run in three ways, each on many sam
   temperature and length), over every prompt of the run's training pool, `samples` completions each;
 - `sampler_reward`: the same prompts and sampling seeds through the run's low-precision rollout copy
   (equal to `policy_reward` for full-precision runs), so `policy_reward - sampler_reward` is what the
-  rollout format alone costs at the end of training;
+  rollout format alone costs at the end of training. The static engine (rollout.engine=static) draws its own
+  random numbers, so for its runs the trained model is sampled through a full-precision (FP32) engine, and the
+  two sides still share their draws;
 - `held_reward` / `held_accuracy`: the full-precision model sampled on the run's held-out problems (the
   set its greedy accuracy is measured on), `held_samples` completions each.
 Sampling seeds do not depend on the run, so two runs of a seed are compared on the same prompts and the
@@ -105,6 +107,8 @@ def _settings(checkpoint: str, digest: str, cfg, samples: int, held_samples: int
            "held_samples": held_samples, "seed_base": SEED_BASE, "scorer": SCORER}  # fmt: skip
     if cfg.dataset and cfg.task in ("dataset", "jsonl"):  # the config names the path; the problems are in the file
         out["dataset_sha256"] = _dataset_sha256(cfg.dataset)
+    if cfg.rollout.engine == "static":  # the trained model samples through an FP32 engine (scores cached before: HF)
+        out["trained_sampler"] = "engine_fp32"
     return out
 
 
@@ -143,7 +147,7 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
     from aisrl.checkpoint import latest_checkpoint
     from aisrl.lora import merged_state
     from aisrl.train_config import resolve_device
-    from aisrl.trainer import _eval_mode, _rollout_model, build, make_policy, problem_sets
+    from aisrl.trainer import _eval_mode, _rollout_model, build, make_policy, problem_sets, static_engine
 
     run_dir = Path(run_dir)
     ckpt = latest_checkpoint(run_dir)
@@ -167,8 +171,11 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
     model.to(device)
     policy = make_policy(cfg, tok, model)
     pool, held = problem_sets(cfg, task)  # the run's own training pool and held-out set
+    scorer = model
+    if cfg.rollout.engine == "static":  # its draws are not the HF sampler's: the trained model samples through an
+        scorer = static_engine(cfg, model, device, task, encode, None, torch.float32)  # FP32 engine, so seeds pair
     with torch.no_grad(), _eval_mode(model):
-        trained = _rewards(policy, model, task, tok, encode, pool, samples)
+        trained = _rewards(policy, scorer, task, tok, encode, pool, samples)
         if cfg.rollout.quant == "none":
             sampler = trained
         else:

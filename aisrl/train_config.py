@@ -392,6 +392,10 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"unknown rollout.engine {cfg.rollout.engine!r}; choose from ['hf', 'static']")
     if cfg.rollout.engine == "static" and (cfg.model.kind != "causal" or cfg.rollout.align):
         raise ValueError("rollout.engine=static samples causal LMs without QaRL alignment (rollout.align=false)")
+    if cfg.rollout.engine == "static" and cfg.correction.calibrate_every:
+        raise ValueError("correction.calibrate_every pairs each rollout batch with a full-precision one drawn by the "
+                         "HF sampler under the same seeds, and rollout.engine=static draws its own random numbers: "
+                         "calibrate with rollout.engine=hf, or set correction.calibrate_every=0")  # fmt: skip
     if cfg.rollout.engine == "static":
         from aisrl.engine import ENGINE_PRESETS
 

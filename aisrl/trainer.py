@@ -389,15 +389,21 @@ def _rollout_model(cfg: TrainConfig, model, device, task, encode):
     static-cache engine sized for the longest prompt of the task's splits - and the function that loads the
     trainer's weights into it, returning the seconds it took."""
     if cfg.rollout.engine == "static":
-        from aisrl.engine import Engine
-
-        width = max(len(encode(p)) for p in sum(problem_sets(cfg, task), []))
-        engine = Engine(model, rollout_format(cfg), max_len=width + cfg.rollout.max_new_tokens, device=device)
+        engine = static_engine(cfg, model, device, task, encode, rollout_format(cfg))
         return engine, engine.sync
     rollout = copy.deepcopy(model).eval()
     if cfg.rollout.quant != "none":
         quantize_(rollout, rollout_format(cfg))
     return rollout, functools.partial(sync_weights, rollout=rollout)
+
+
+def static_engine(cfg: TrainConfig, model, device, task, encode, quant, dtype=None):
+    """An aisrl.engine.Engine of `model` in the format `quant` (None: full precision, in `dtype` or the engine's
+    default), sized for the longest prompt of the task's splits."""
+    from aisrl.engine import Engine
+
+    width = max(len(encode(p)) for p in sum(problem_sets(cfg, task), []))
+    return Engine(model, quant, max_len=width + cfg.rollout.max_new_tokens, device=device, dtype=dtype)
 
 
 def _full_precision_gradient(cfg: TrainConfig, model, ref, policy, task, tok, batch, step, score) -> torch.Tensor:

@@ -163,3 +163,20 @@ def test_a_local_dataset_enters_the_cached_settings_by_its_contents(tmp_path):
     assert "dataset_sha256" not in _settings("s", "w", unread, 4, 8)
     gone = load_config("lab", ["task=dataset", f"dataset={tmp_path / 'moved.jsonl'}"])
     assert _settings("s", "w", gone, 4, 8)["dataset_sha256"] == "missing"
+
+
+def test_a_static_engine_run_scores_both_sides_through_the_engine_so_equal_seeds_pair(tmp_path, monkeypatch):
+    # the static engine draws its own random numbers: an HF-sampled trained model would share no draws with it
+    cfg = load_config("lab", [*TINY_LAB, "max_steps=1", "rollout.engine=static", "rollout.quant=fp8_e4m3_w8a8",
+                              f"output_dir={tmp_path / 'static'}"])  # fmt: skip
+    train(cfg, log=lambda _: None)
+    import aisrl.trainer
+
+    drawn, real = [], aisrl.trainer.task_rewards
+    monkeypatch.setattr(aisrl.trainer, "task_rewards", lambda task, tok, r, p: drawn.append(r) or real(task, tok, r, p))
+    res = fe.evaluate_final(cfg.output_dir, cfg, samples=4, held_samples=1)
+    trained, sampler = drawn[0], drawn[1]
+    same = [torch.equal(a[m], b[m2]) for a, b, m, m2 in zip(trained.completion_ids, sampler.completion_ids,
+            trained.completion_mask, sampler.completion_mask, strict=True)]  # fmt: skip
+    assert sum(same) >= 0.75 * len(same)  # FP8 rounding changes a few samples; unpaired draws would change most
+    assert res["settings"]["trained_sampler"] == "engine_fp32"
