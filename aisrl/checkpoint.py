@@ -239,18 +239,24 @@ def latest_checkpoint(output_dir) -> Path | None:
     return path
 
 
-def load_checkpoint(path: Path, model, optimizer, rank: int = 0) -> dict:
-    """Restore model, optimizer and RNG state (this rank's, where every rank's was saved); returns {'step': ...,
-    'extra': ...}."""
+def load_weights(model, weights: Path) -> None:
+    """Load a checkpoint's model.safetensors into `model`; a ValueError naming the settings to check when it holds
+    another model's tensors (missing, unexpected or mis-shaped ones)."""
     try:
-        model.load_state_dict(load_file(path / "model.safetensors"))
-    except RuntimeError as e:  # missing, unexpected or mis-shaped tensors: another model than the one saved
+        model.load_state_dict(load_file(weights))
+    except RuntimeError as e:
         lines = str(e).strip().splitlines()
         what = (lines[1] if len(lines) > 1 else lines[0]).strip()
         what = what if len(what) <= 200 else what[:200] + "..."
-        raise ValueError(f"{path} holds weights of another model than this config builds ({what}): "
-                         "the model.*, lora.* or lab.* settings differ from the run's; restore them, or pick a "
-                         "new output_dir") from e  # fmt: skip
+        raise ValueError(f"{weights.parent} holds weights of another model than this config builds ({what}): the "
+                         "model.*, lora.* or lab.* settings differ from the run's; pass the run's settings (or, "
+                         "when resuming, pick a new output_dir)") from e  # fmt: skip
+
+
+def load_checkpoint(path: Path, model, optimizer, rank: int = 0) -> dict:
+    """Restore model, optimizer and RNG state (this rank's, where every rank's was saved); returns {'step': ...,
+    'extra': ...}."""
+    load_weights(model, path / "model.safetensors")
     state = torch.load(path / "state.pt", weights_only=True, map_location="cpu")  # the optimizer moves it to its params
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"]["torch"])

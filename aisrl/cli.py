@@ -134,27 +134,13 @@ def _run_config(args, log=print):
 def _eval(args) -> int:
     from aisrl.checkpoint import latest_checkpoint
     from aisrl.train_config import resolve_device
-    from aisrl.trainer import build, evaluate, make_policy, problem_sets
+    from aisrl.trainer import build_trained, evaluate, make_policy, problem_sets
 
     cfg = _run_config(args)
     ckpt = latest_checkpoint(cfg.output_dir)
     if ckpt is None:
         raise ValueError(f"no checkpoint in {cfg.output_dir!r}; train first or pass output_dir=...")
-    model, tok, task, encode = build(cfg)
-    if cfg.lora.r > 0:
-        from aisrl.lora import apply_lora
-
-        model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.targets)
-    from safetensors.torch import load_file
-
-    try:
-        model.load_state_dict(load_file(ckpt / "model.safetensors"))
-    except RuntimeError as e:
-        raise ValueError(
-            f"{ckpt} does not fit this model; pass the model.* and lora.* settings used for training "
-            f"({str(e).splitlines()[0]})"
-        ) from e
-
+    model, tok, task, encode = build_trained(cfg, ckpt / "model.safetensors")
     model.to(resolve_device(cfg.device))  # full precision, like the evaluations during training
     _, held = problem_sets(cfg, task)
     acc = evaluate(model, tok, task, encode, held, make_policy(cfg, tok, model))

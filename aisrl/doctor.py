@@ -109,15 +109,11 @@ def _subject(cfg: DoctorConfig, model, tok, checkpoint: tuple[str, Path] | None 
     settings and weights, for `start`), or a model with the doctor's prompts."""
     if cfg.preset or checkpoint is not None:
         from aisrl.train_config import load_config
-        from aisrl.trainer import build, make_policy
+        from aisrl.trainer import build, build_trained, make_policy
 
         base, weights = checkpoint or (cfg.preset, None)
         tcfg = load_config(base)
-        model, tok, task, encode = build(tcfg)
-        if weights is not None:
-            from safetensors.torch import load_file
-
-            model.load_state_dict(load_file(weights))
+        model, tok, task, encode = build(tcfg) if weights is None else build_trained(tcfg, weights)
         prompts = [encode(p) for p in task.problems("train", cfg.prompts, seed=cfg.seed)]
         return model, prompts, make_policy(tcfg, tok, model)
     if model is None:

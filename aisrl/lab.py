@@ -107,6 +107,8 @@ def check_lab(cfg: LabConfig) -> None:
     for key, low in (("max_operand", 1), ("hidden", 1), ("layers", 1), ("sft_examples", 1), ("sft_steps", 0)):
         if getattr(cfg, key) < low:
             raise ValueError(f"lab.{key} must be >= {low}, got {getattr(cfg, key)}")
+    if cfg.hidden % 8:  # 4 attention heads, each with an even number of rotary dimensions
+        raise ValueError(f"lab.hidden must be a multiple of 8 (4 attention heads of even width), got {cfg.hidden}")
     if not 0 <= cfg.sudoku_holes <= 16:
         raise ValueError(f"lab.sudoku_holes is the number of blanks of a 4x4 grid, in [0, 16]; got {cfg.sudoku_holes}")
     if cfg.target is not None and not 0 <= cfg.target[0] < cfg.target[1] <= 1:

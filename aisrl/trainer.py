@@ -32,6 +32,7 @@ from aisrl.checkpoint import (
     atomic_write_text,
     latest_checkpoint,
     load_checkpoint,
+    load_weights,
     read_jsonl,
     record_config,
     record_start,
@@ -88,6 +89,16 @@ def build(cfg: TrainConfig):
         if tok is None:
             raise ValueError(f"model {cfg.model.name!r} has no tokenizer; use model.name=lab or a directory with one")
     return model, tok, _file_or_named_task(cfg), _chat_encoder(tok)
+
+
+def build_trained(cfg: TrainConfig, weights: Path):
+    """build(cfg) with a checkpoint's weights: for a LoRA run (lora.r > 0) the adapters are applied, loaded and
+    merged, so the model returned is the plain model the run trained."""
+    model, tok, task, encode = build(cfg)
+    if cfg.lora.r > 0:
+        model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.targets)
+    load_weights(model, weights)
+    return (model.merge_and_unload() if cfg.lora.r > 0 else model), tok, task, encode
 
 
 def _file_or_named_task(cfg: TrainConfig):

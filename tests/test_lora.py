@@ -58,6 +58,20 @@ def test_lora_training_moves_adapters_only(tmp_path, monkeypatch):
             continue
         plain = k.replace("base_model.model.", "", 1).replace(".base_layer", "")
         torch.testing.assert_close(v, before[plain].detach(), msg=plain)  # base weights frozen
+    # what `aisrl eval` and `aisrl mismatch start=RUN:STEP` examine: the plain model with the adapters merged in
+    from aisrl.doctor import DoctorConfig, _run_checkpoint, _subject
+    from aisrl.lora import is_peft
+    from aisrl.trainer import build, build_trained
+
+    cfg = load_config("lab", [*tiny, "max_steps=2", "lora.r=4", f"output_dir={out}"])
+    merged = build_trained(cfg, latest_checkpoint(out) / "model.safetensors")[0]
+    adapted = apply_lora(build(cfg)[0], cfg.lora.r, cfg.lora.alpha, cfg.lora.targets)
+    adapted.load_state_dict(state)
+    x = torch.tensor([[1, 5, 6, 7, 8]])
+    assert not is_peft(merged)
+    torch.testing.assert_close(merged(x).logits, adapted(x).logits, atol=1e-5, rtol=0)
+    doctor = DoctorConfig(start=f"{out}:2", formats=["mxfp4_w4a4"], prompts=2)
+    assert not is_peft(_subject(doctor, None, None, _run_checkpoint(doctor))[0])  # before: a raw RuntimeError
 
 
 def test_lora_reference_is_the_base_model_with_adapters_off(tmp_path, monkeypatch):

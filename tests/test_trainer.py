@@ -212,6 +212,7 @@ save_checkpoint({str(tmp_path)!r}, 2, m, torch.optim.AdamW(m.parameters()), {{}}
         (["lr=-1"], "config key 'lr' must be > 0, got -1"),
         (["lab.task=reasoning_gym"], "lab.task='reasoning_gym': the lab trains on a procedural task; choose from"),
         (["lab.max_operand=-1"], "lab.max_operand must be >= 1, got -1"),
+        (["lab.hidden=100"], "lab.hidden must be a multiple of 8 (4 attention heads of even width), got 100"),
         (["lab.task=sudoku4", "lab.sudoku_holes=99"], "lab.sudoku_holes is the number of blanks of a 4x4 grid"),
         (["lab.target=[0.9,0.4]"], "lab.target is an accuracy band [low, high]"),
         (["lora.r=-1"], "lora.r must be >= 0"),
@@ -348,7 +349,7 @@ def test_eval_cli_accepts_overrides_and_lora_checkpoints(tmp_path, capsys, monke
     assert main(["eval", f"output_dir={out}"]) == 0  # the run's recorded settings: lora.r=4, the tiny lab model
     assert "held-out greedy accuracy" in capsys.readouterr().out
     assert main(["eval", f"output_dir={out}", "lora.r=0"]) == 2  # overridden, the checkpoint does not fit
-    assert "does not fit this model" in capsys.readouterr().err
+    assert "holds weights of another model than this config builds" in capsys.readouterr().err
 
 
 def test_bf16_trainer_precision_is_a_measured_mismatch(tmp_path):
