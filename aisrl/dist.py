@@ -44,7 +44,13 @@ def _reduce(xs: tuple[torch.Tensor, ...], op) -> tuple[torch.Tensor, ...]:
     if not is_distributed() or not xs:
         return xs
     flat = torch.stack([x.reshape(()).to(torch.float64) for x in xs])  # (k,)
-    dist.all_reduce(flat, op=op)
+    if op == dist.ReduceOp.MAX:  # gloo's max keeps or drops a NaN by rank; one process's max of a NaN is NaN
+        nan = torch.isnan(flat)  # (k,)
+        both = torch.cat([flat.masked_fill(nan, -torch.inf), nan.double()])  # (2k,): values, and NaN flags
+        dist.all_reduce(both, op=op)
+        flat = both[: len(xs)].masked_fill(both[len(xs) :] > 0, torch.nan)
+    else:
+        dist.all_reduce(flat, op=op)
     return tuple(v.to(x.dtype) for v, x in zip(flat.unbind(0), xs, strict=True))
 
 

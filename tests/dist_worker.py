@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from aisrl.correction import CORRECTIONS, correct
+from aisrl.dist import all_max, all_min
 from aisrl.losses import AGGREGATIONS, grpo_loss
 
 
@@ -41,6 +42,9 @@ def run(rows=slice(None)):
                 )
                 (grad,) = torch.autograd.grad(loss, theta)
                 out[f"{key}/{agg}"] = {"loss": m["loss"].item(), "grad": grad.tolist()}
+    n = len(old)  # a NaN on the first row's rank or on the last row's: the max and min of every rank's are NaN
+    a, b = (torch.tensor(float("nan") if i in range(n)[rows] else 1.0) for i in (0, n - 1))
+    out["reduce"] = {"max": [v.item() for v in all_max(a, b)], "min": [v.item() for v in all_min(a, b)]}
     return out
 
 
