@@ -100,7 +100,10 @@ class Task:
             out.append(p)
             if len(out) == n:
                 return out
-        raise ValueError(f"task {self.name!r} could not produce {n} distinct {split} problems")
+        raise ValueError(f"task {self.name!r} could not produce {n} distinct {split} problems (it has about "
+                         f"{len(out)} under these options): ask for fewer (train_problems, eval_problems; "
+                         "lab.sft_examples for the lab's warm start) or widen the task (a larger max_operand, "
+                         "more holes, ...)")  # fmt: skip
 
     def reward(self, completion: str, problem: Problem) -> tuple[float, bool]:
         """(format + correctness reward, correct?)."""

@@ -164,6 +164,10 @@ def test_parquet_and_saved_datasets_give_the_same_problems_as_jsonl(tmp_path):
 
 def test_task_options_are_checked_against_the_task():
     assert make_task("arithmetic", max_operand=9).problems("train", 5)[0].meta["a"] <= 9
+    tiny = make_task("arithmetic", max_operand=1, ops="+")  # 0+0 ... 1+1: four problems over both splits
+    with pytest.raises(ValueError, match=r"could not produce 50 distinct train problems \(it has about [0-4] under "
+                                         r"these options\): ask for fewer .*lab.sft_examples"):  # fmt: skip
+        tiny.problems("train", 50)
     with pytest.raises(ValueError, match=r"task 'arithmetic' got options \['bogus'\]; it accepts \['max_operand'"):
         make_task("arithmetic", bogus=1)
     with pytest.raises(ValueError, match=r"task 'jsonl' got options \[\]; it accepts \['path'\]"):
