@@ -14,6 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from aisrl.bench.cli import options
+
 CHILD = """
 import sys, torch
 if sys.argv[2] == "1":
@@ -44,5 +46,5 @@ def main(steps: int, quant: str, seed: int) -> dict:
 
 
 if __name__ == "__main__":
-    kw = dict(a.split("=", 1) for a in sys.argv[1:])
+    _, kw = options(sys.argv[1:], ("steps", "quant", "seed"))
     main(int(kw.get("steps", 8)), kw.get("quant", "fp8_e4m3_w8a8"), int(kw.get("seed", 0)))

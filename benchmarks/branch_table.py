@@ -16,6 +16,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from aisrl.bench.cli import command, options
 from aisrl.bench.report import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,11 +70,10 @@ def table(result: dict[str, dict]) -> str:
 
 
 def main(argv: list[str]) -> dict:
-    dirs = [a for a in argv if "=" not in a]
-    opts = dict(a.split("=", 1) for a in argv if "=" in a)
-    unknown = set(opts) - {"tag"}
-    if len(dirs) != 1 or unknown:
-        raise SystemExit(f"usage: python benchmarks/branch_table.py ROOT [tag=NAME] (got {argv}; unknown {unknown})")
+    usage = "python benchmarks/branch_table.py ROOT [tag=NAME]"
+    dirs, opts = options(argv, ("tag",), positional=True, usage=usage)
+    if len(dirs) != 1:
+        raise SystemExit(f"usage: {usage} (got {argv})")
     arms = collect(Path(dirs[0]))
     if not arms:
         raise SystemExit(f"no ROOT/seed<k>/<arm>/branches.json under {dirs[0]}; run `aisrl branch ... out=...` first")
@@ -81,7 +81,7 @@ def main(argv: list[str]) -> dict:
     print("Held-out greedy accuracy at the end minus at the branch point, in points, per branch:\n")
     print(table(result))
     write_json(ROOT / "benchmarks" / "results" / f"branches_{opts.get('tag', 'study')}.json",
-               {"command": "python benchmarks/branch_table.py " + " ".join(argv), "arms": result})  # fmt: skip
+               {"command": command(__file__, argv), "arms": result})  # fmt: skip
     return result
 
 

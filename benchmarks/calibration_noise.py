@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from aisrl.bench.cli import command, options
 from aisrl.bench.report import machine, write_json
 from aisrl.calibrate import pooled_gram, pooled_noise
 from aisrl.checkpoint import checkpoint_dir
@@ -84,7 +85,7 @@ def main(runs: Path, steps: list[int], tag: str) -> dict:
            "picks_pooled": dict(picks["pooled"]), "picks_debiased": dict(picks["debiased"]),
            "median_noise_share": statistics.median(shares), "best_two_apart_by_2se": apart,
            "rows": rows, "machine": machine(),
-           "command": "python benchmarks/calibration_noise.py " + " ".join(sys.argv[1:])}  # fmt: skip
+           "command": command(__file__)}  # fmt: skip
     print(f"{len(rows)} checkpoints; picks by pooled {dict(picks['pooled'])}, by debiased {dict(picks['debiased'])}; "
           f"median noise share of the pooled distance {out['median_noise_share']:.2f}; best two debiased apart by "
           f"more than 2 SE at {apart}")  # fmt: skip
@@ -93,7 +94,7 @@ def main(runs: Path, steps: list[int], tag: str) -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or "=" in sys.argv[1]:
+    runs, kw = options(sys.argv[1:], ("steps", "tag"), positional=True)
+    if len(runs) != 1:
         raise SystemExit(__doc__)
-    kw = dict(a.split("=", 1) for a in sys.argv[2:])
-    main(Path(sys.argv[1]), [int(s) for s in kw.get("steps", "80,100").split(",")], kw.get("tag", "run"))
+    main(Path(runs[0]), [int(s) for s in kw.get("steps", "80,100").split(",")], kw.get("tag", "run"))

@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from aisrl.bench.cli import command, options
 from aisrl.bench.report import machine, update_section, write_json
 from aisrl.compare import run_rows
 
@@ -89,9 +90,9 @@ def main(dirs: list[Path], kinds: list[str], steps: list[int], quant: str, prese
             runs[kind][seed] = {k: statistics.fmean(a[k] for a in at) for k in KEYS}
             runs[kind][seed]["accuracy"] = run_rows(run)[final - 1].get("eval_accuracy")
             print(f"{kind} seed {seed}: " + ", ".join(f"{k} {runs[kind][seed][k]:.4f}" for k in KEYS), flush=True)
-    command = "OMP_NUM_THREADS=2 python benchmarks/checkpoint_mismatch.py " + " ".join(sys.argv[1:])
     out = {"quant": quant, "preset": preset, "steps": steps, "held": held, "warm_start": warm, "runs": runs,
-           "kinds": {}, "seconds": time.perf_counter() - t0, "machine": machine(), "command": command}  # fmt: skip
+           "kinds": {}, "seconds": time.perf_counter() - t0, "machine": machine(),
+           "command": command(__file__)}  # fmt: skip
     ref = runs.get("reference", {})
     for kind, by_seed in runs.items():
         row = {f"{k}_mean": statistics.fmean(r[k] for r in by_seed.values()) for k in KEYS} if by_seed else {}
@@ -118,8 +119,8 @@ def main(dirs: list[Path], kinds: list[str], steps: list[int], quant: str, prese
 
 
 if __name__ == "__main__":
-    paths = [Path(a) for a in sys.argv[1:] if "=" not in a]
-    kw = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+    paths, kw = options(sys.argv[1:], ("kinds", "steps", "quant", "preset", "held", "tag"), positional=True)
     kinds = kw.get("kinds", "reference,mxfp4_w4a4/none,mxfp4_w4a4/tis,mxfp4_w4a4/ais").split(",")
-    main(paths, kinds, [int(s) for s in kw.get("steps", "80,100").split(",")], kw.get("quant", "mxfp4_w4a4"),
-         kw.get("preset", "lab_columns"), int(kw.get("held", 4)), kw.get("tag", ""))  # fmt: skip
+    main([Path(p) for p in paths], kinds, [int(s) for s in kw.get("steps", "80,100").split(",")],
+         kw.get("quant", "mxfp4_w4a4"), kw.get("preset", "lab_columns"), int(kw.get("held", 4)),
+         kw.get("tag", ""))  # fmt: skip

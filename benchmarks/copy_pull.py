@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from aisrl.bench.cli import command, options
 from aisrl.bench.report import machine, update_section, write_json
 from aisrl.checkpoint import checkpoint_dir
 from aisrl.diagnostics import k3_per_token
@@ -170,7 +171,7 @@ def main(preset: str, quant: str, start: str, variants: list[str], lrs: list[flo
     runs = [pull(preset, quant, start, v, lr, steps, every, held) for v in variants for lr in lrs]
     out = {"preset": preset, "quant": quant, "start": start or "warm start", "steps": steps, "every": every,
            "held": held, "runs": runs, "seconds": time.perf_counter() - t0, "machine": machine(),
-           "command": "OMP_NUM_THREADS=2 python benchmarks/copy_pull.py " + " ".join(sys.argv[1:])}  # fmt: skip
+           "command": command(__file__)}  # fmt: skip
     name = f"copy_pull_{preset}_{quant}" + (f"_{tag}" if tag else "")
     write_json(ROOT / "benchmarks" / "results" / f"{name}.json", out)
     update_section(ROOT / "BENCHMARKS.md", name, section(out))
@@ -178,7 +179,7 @@ def main(preset: str, quant: str, start: str, variants: list[str], lrs: list[flo
 
 
 if __name__ == "__main__":
-    kw = dict(a.split("=", 1) for a in sys.argv[1:])
+    _, kw = options(sys.argv[1:], ("preset", "quant", "start", "variants", "lrs", "steps", "every", "held", "tag"))
     main(kw.get("preset", "lab_columns"), kw.get("quant", "mxfp4_w4a4"), kw.get("start", ""),
          kw.get("variants", ",".join(VARIANTS)).split(","), [float(x) for x in kw.get("lrs", "2e-4,1e-3").split(",")],
          int(kw.get("steps", 20)), int(kw.get("every", 5)), int(kw.get("held", 4)), kw.get("tag", ""))  # fmt: skip

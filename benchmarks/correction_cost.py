@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from aisrl.bench.cli import command
 from aisrl.bench.report import machine, update_section, write_json
 from aisrl.correction import correct
 from aisrl.losses import grpo_loss
@@ -62,9 +63,8 @@ if __name__ == "__main__":
     ref = out["seconds"]["grpo_loss forward"]
     m = out["machine"]
     rows = [f"| `{k}` | {v * 1e3:.1f} | {v / ref:.2f}x |" for k, v in out["seconds"].items()]
-    command = " ".join(["python benchmarks/correction_cost.py", *sys.argv[1:3]])
     body = (
-        f"Command: `{command}` on {m['cpus']} CPUs ({m['processor']}), "
+        f"Command: `{command(__file__)}` on {m['cpus']} CPUs ({m['processor']}), "
         f"torch {m['torch']}, {m['torch_threads']} threads; N={out['N']}, T={out['T']} "
         f"(~{out['N'] * out['T'] / 1e6:.2f}M token positions), median of 7.\n\n"
         "| operation | ms | vs grpo_loss forward |\n|---|---|---|\n" + "\n".join(rows) + "\n"

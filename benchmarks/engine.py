@@ -130,17 +130,17 @@ def memory():
     return {"tokens": "32 x (32 prompt + 256 completion)", "logprobs_peak_gb": ours, "naive_forward_peak_gb": naive}
 
 
-if __name__ == "__main__":
-    if len(sys.argv) > 2 or (len(sys.argv) == 2 and sys.argv[1] not in ("throughput", "profile", "memory")):
-        sys.exit("usage: python benchmarks/engine.py [throughput|profile|memory]")
-    what = sys.argv[1] if len(sys.argv) > 1 else "throughput"
+def main(what: str) -> dict:
+    """Run one part (throughput, profile or memory), add it to benchmarks/results/engine.json, and write its section
+    of BENCHMARKS.md (throughput, memory) with the machine it was measured on."""
     path = ROOT / "benchmarks/results/engine.json"
     data = json.loads(path.read_text()) if path.exists() else {}
     data[f"machine_{what}"] = machine()  # each part's own: they may be measured on different machines
+    where = machine_line(data[f"machine_{what}"])
     if what == "throughput":
         rows = throughput()
         data["throughput"] = rows
-        body = (f"Command: `python benchmarks/engine.py throughput`; SmolLM2-135M FP32, {machine_line()}, 128 new "
+        body = (f"Command: `python benchmarks/engine.py throughput`; SmolLM2-135M FP32, {where}, 128 new "
                 "tokens per request (EOS ignored), plain sampling (T=1), all three in the same run, best of 2 "
                 "interleaved repeats. `Engine` is aisrl.engine's static-cache engine (`rollout.engine=static`), "
                 "`generate` is aisrl.rollout.generate on the Hugging Face modules (`rollout.engine=hf`).\n\n"
@@ -157,10 +157,17 @@ if __name__ == "__main__":
         m = memory()
         data["memory"] = m
         print(m)
-        body = ("Command: `python benchmarks/engine.py memory`; SmolLM2-135M FP32, 32 sequences x (32 prompt + 256 "
-                "completion) tokens, peak RSS above the loaded model (VmHWM after a reset).\n\n"
+        body = (f"Command: `python benchmarks/engine.py memory`; SmolLM2-135M FP32, {where}, 32 sequences x "
+                "(32 prompt + 256 completion) tokens, peak RSS above the loaded model (VmHWM after a reset).\n\n"
                 "| method | peak GB |\n|---|---|\n"
                 f"| `logprobs(..., micro_batch=8, chunk=64)` | {m['logprobs_peak_gb']:.2f} |\n"
                 f"| naive: one forward + full-vocab log_softmax | {m['naive_forward_peak_gb']:.2f} |\n")  # fmt: skip
         update_section(ROOT / "BENCHMARKS.md", "engine_memory", body)
     write_json(path, data)
+    return data
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 or (len(sys.argv) == 2 and sys.argv[1] not in ("throughput", "profile", "memory")):
+        sys.exit("usage: python benchmarks/engine.py [throughput|profile|memory]")
+    main(sys.argv[1] if len(sys.argv) > 1 else "throughput")

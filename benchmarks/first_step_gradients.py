@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from aisrl.bench.cli import command, options
 from aisrl.bench.one_step import one_step
 from aisrl.bench.report import machine, write_json
 
@@ -62,12 +63,12 @@ def main(preset: str, quant: str, seeds: list[int], below: float) -> dict:
             for k in keys}  # fmt: skip
     print("mean: " + "  ".join(f"{k} {v:.4f}" for k, v in mean.items() if v is not None))
     out = {"preset": preset, "quant": quant, "below": below, "seeds": per_seed, "mean": mean, "machine": machine(),
-           "command": "python benchmarks/first_step_gradients.py " + " ".join(sys.argv[1:])}  # fmt: skip
+           "command": command(__file__)}  # fmt: skip
     write_json(ROOT / "benchmarks" / "results" / f"first_step_gradients_{preset}_{quant}.json", out)
     return out
 
 
 if __name__ == "__main__":
-    kw = dict(a.split("=", 1) for a in sys.argv[1:])
+    _, kw = options(sys.argv[1:], ("preset", "quant", "seeds", "below"))
     main(kw.get("preset", "lab_columns"), kw.get("quant", "mxfp4_w4a4"),
          [int(x) for x in kw.get("seeds", "0,1,2,3,4,5").split(",")], float(kw.get("below", 0.5)))  # fmt: skip

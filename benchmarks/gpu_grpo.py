@@ -9,7 +9,8 @@ with FP32 master weights under BF16 autocast, AdamW, AIS. Only the policy is swa
 initialised Qwen3-shaped model with a Qwen-sized vocabulary (151936; ids past the lab's characters decode
 to nothing), and EOS is disabled, so every completion has exactly `new` tokens and the two variants do the
 same work. Rewards are ~0 (an untrained model): this measures time, not learning. Step 1 (compilation,
-graph capture) is excluded from the means.
+graph capture) is excluded from the means. Every variant's settings are checked before the first one runs, and
+the results go to OUT.partial, renamed over OUT only once every variant has run.
 """
 
 import json
@@ -20,8 +21,10 @@ from pathlib import Path
 
 import torch
 
-from aisrl.bench.report import machine, update_section, write_json
+from aisrl.bench.cli import command, subcommand
+from aisrl.bench.report import machine, staged_json, update_section
 from aisrl.report import TRAIN_PARTS
+from aisrl.train_config import load_config, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = {
@@ -59,19 +62,22 @@ def _patch_build(shape: str, vocab: int):
     trainer.build = build
 
 
+def overrides(steps, new, quant, out_dir, device) -> list[str]:
+    """The lab preset's settings for one variant's run."""
+    return [f"device={device}", "precision=bf16" if device == "cuda" else "precision=fp32",
+            "rollout.engine=static", f"rollout.quant={quant}", f"rollout.max_new_tokens={new}",
+            "prompts_per_step=16", "group_size=8", "micro_batch=16", f"max_steps={steps}", "eval_problems=4",
+            f"eval_every={10 * steps}", f"checkpoint_every={10 * steps}", "lab.sft_steps=0",
+            "correction.name=ais", f"output_dir={out_dir}"]  # fmt: skip
+
+
 def run_one(shape, steps, new, quant, out_dir, device):
     """One variant (in its own process: a finished run's GPU memory is not all returned to the next)."""
-    from aisrl.train_config import load_config
     from aisrl.trainer import train
 
     _patch_build(shape, 151936 if shape != "tiny" else 512)
     shutil.rmtree(out_dir, ignore_errors=True)  # a fresh run, not a resume
-    overrides = [f"device={device}", "precision=bf16" if device == "cuda" else "precision=fp32",
-                 "rollout.engine=static", f"rollout.quant={quant}", f"rollout.max_new_tokens={new}",
-                 "prompts_per_step=16", "group_size=8", "micro_batch=16", f"max_steps={steps}", "eval_problems=4",
-                 f"eval_every={10 * steps}", f"checkpoint_every={10 * steps}", "lab.sft_steps=0",
-                 "correction.name=ais", f"output_dir={out_dir}"]  # fmt: skip
-    train(load_config("lab", overrides), log=lambda _: None)
+    train(load_config("lab", overrides(steps, new, quant, out_dir, device)), log=lambda _: None)
 
 
 def summarise(metrics_path) -> dict:
@@ -87,17 +93,26 @@ def summarise(metrics_path) -> dict:
 
 
 def run(shape, steps, new, variants, out_path, device="cuda"):
+    """Every variant in turn; `out_path` is replaced only once all have run (the progress is in OUT.partial)."""
     if steps < 2:
         raise ValueError("steps must be >= 2: step 1 (compilation, graph capture) is left out of the means")
+    if shape not in SHAPES or not variants:
+        raise ValueError(f"shape={shape!r}, variants={variants}: give one of {list(SHAPES)} and at least one variant")
+    dirs = {quant: Path(out_path).parent / f"gpu_grpo_{shape}_{quant}" for quant in variants}
+    for quant, out in dirs.items():  # a bad variant fails here, not after the others have run
+        try:
+            validate(load_config("lab", overrides(steps, new, quant, out, device)))
+        except ValueError as e:
+            raise ValueError(f"variant {quant!r}: {e}") from e
     data = {"machine": machine(), "shape": shape, "new_tokens": new, "steps": steps, "runs": {},
-            "command": "python benchmarks/gpu_grpo.py " + " ".join(sys.argv[1:])}  # fmt: skip
-    for quant in variants:
-        out = Path(out_path).parent / f"gpu_grpo_{shape}_{quant}"
-        args = [f"shape={shape}", f"steps={steps}", f"new={new}", f"variant={quant}", f"dir={out}", f"device={device}"]
-        subprocess.run([sys.executable, __file__, "one", *args], check=True)
-        data["runs"][quant] = summarise(out / "metrics.jsonl")
-        print(quant, data["runs"][quant], flush=True)
-        write_json(out_path, data)
+            "command": command(__file__)}  # fmt: skip
+    with staged_json(out_path) as save:
+        for quant, out in dirs.items():
+            args = [f"shape={shape}", f"steps={steps}", f"new={new}", f"variant={quant}", f"dir={out}"]
+            subprocess.run([sys.executable, __file__, "one", *args, f"device={device}"], check=True)
+            data["runs"][quant] = summarise(out / "metrics.jsonl")
+            print(quant, data["runs"][quant], flush=True)
+            save(data)
     return data
 
 
@@ -125,9 +140,12 @@ def publish(out_path):
     update_section(ROOT / "BENCHMARKS.md", "gpu_grpo", "\n".join(lines))
 
 
-if __name__ == "__main__":
-    what = sys.argv[1] if len(sys.argv) > 1 and "=" not in sys.argv[1] else "run"
-    kw = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+COMMANDS = {"run": ("shape", "steps", "new", "variants", "out", "device"), "publish": ("out",),
+            "one": ("shape", "steps", "new", "variant", "dir", "device")}  # one: a variant's run, started by run
+
+
+def main(argv: list[str]) -> None:
+    what, kw = subcommand(argv, COMMANDS)
     out = kw.get("out", str(ROOT / "benchmarks/results/gpu_grpo.json"))
     if what == "publish":
         publish(out)
@@ -136,3 +154,7 @@ if __name__ == "__main__":
     else:
         run(kw.get("shape", "qwen3-1.7b"), int(kw.get("steps", 4)), int(kw.get("new", 256)),
             kw.get("variants", "none,fp8_e4m3_w8a8_kv").split(","), out, kw.get("device", "cuda"))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

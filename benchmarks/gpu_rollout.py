@@ -1,9 +1,12 @@
 """Real FP8 rollout speed on an NVIDIA GPU (issue 9): our engine in BF16, FP8 W8A8 and FP8 W8A8 + FP8 KV cache
 against Hugging Face `generate` in BF16, on randomly initialised Qwen3-8B- and Qwen3-1.7B-shaped models.
 
-    python benchmarks/gpu_rollout.py run [shapes=qwen3-8b,qwen3-1.7b] [batches=16,64,128] [prompt=256] [new=512]
-                                         [hf=1] [profile=1] [out=benchmarks/results/gpu_rollout.json]
+    python benchmarks/gpu_rollout.py [run] [shapes=qwen3-8b,qwen3-1.7b] [batches=16,64,128] [prompt=256] [new=512]
+                                         [hf=1] [profile=1] [gemm=1] [accuracy=1]
+                                         [out=benchmarks/results/gpu_rollout.json]
     python benchmarks/gpu_rollout.py publish [out=benchmarks/results/gpu_rollout.json]   # -> BENCHMARKS.md
+
+A run writes its progress to OUT.partial and renames it over OUT only once it is done.
 
 Every request decodes exactly `new` tokens (no EOS), plain sampling at T=1. Throughput = batch * new / wall
 seconds from the prompts to the last token (prefill included; CUDA-graph capture excluded by a warm-up
@@ -21,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from aisrl.bench.report import machine, update_section, write_json
+from aisrl.bench.cli import command, subcommand
+from aisrl.bench.report import machine, staged_json, update_section
 from aisrl.engine import Engine
 from aisrl.quant import QuantConfig, quant_config, quantize_
 from aisrl.rollout import SamplingParams
@@ -283,34 +287,38 @@ def profile(model, shape, batch, prompt, log, steps=6):
 
 
 def run(shapes, batches, prompt, new, hf, prof, out_path, gemms=True, acc=True):
+    """All the measurements; `out_path` is replaced only once they are all done (the progress is in OUT.partial)."""
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        raise ValueError(f"unknown shapes {unknown}; choose from {list(SHAPES)}")
     import triton
 
-    data = {"machine": machine(), "triton": triton.__version__, "command": "python benchmarks/gpu_rollout.py " +
-            " ".join(sys.argv[1:]), "prompt": prompt, "new_tokens": new, "throughput": [], "accuracy": [],
-            "profile": []}  # fmt: skip
-    data["copy_bandwidth_TBs"] = bw = copy_bandwidth() / 1e12
-    print(data["machine"], "copy TB/s", bw, flush=True)
+    data = {"machine": machine(), "triton": triton.__version__, "command": command(__file__), "prompt": prompt,
+            "new_tokens": new, "throughput": [], "accuracy": [], "profile": []}  # fmt: skip
+    with staged_json(out_path) as save:
+        data["copy_bandwidth_TBs"] = bw = copy_bandwidth() / 1e12
+        print(data["machine"], "copy TB/s", bw, flush=True)
 
-    def log(row):
-        print(row, flush=True)
-        write_json(out_path, data)
+        def log(row):
+            print(row, flush=True)
+            save(data)
 
-    if gemms:
-        data["gemm"] = gemm(log)
-        data["attention_sweep"] = attention_sweep(log)
-        from aisrl import kernels
+        if gemms:
+            data["gemm"] = gemm(log)
+            data["attention_sweep"] = attention_sweep(log)
+            from aisrl import kernels
 
-        data["decode_config"] = kernels.DECODE_CONFIG
-    for shape in shapes:
-        model = _model(shape)
-        data["throughput"] += throughput(model, shape, batches, prompt, new, hf, bw * 1e12, log)
-        if acc:
-            data["accuracy"] += accuracy(model, shape, log)
-        if prof and shape == shapes[0]:
-            data["profile"] += profile(model, shape, 64, prompt, log)
-        del model
-        torch.cuda.empty_cache()
-    write_json(out_path, data)
+            data["decode_config"] = kernels.DECODE_CONFIG
+        for shape in shapes:
+            model = _model(shape)
+            data["throughput"] += throughput(model, shape, batches, prompt, new, hf, bw * 1e12, log)
+            if acc:
+                data["accuracy"] += accuracy(model, shape, log)
+            if prof and shape == shapes[0]:
+                data["profile"] += profile(model, shape, 64, prompt, log)
+            del model
+            torch.cuda.empty_cache()
+        save(data)
     return data
 
 
@@ -385,9 +393,12 @@ def publish(out_path):
     update_section(ROOT / "BENCHMARKS.md", "gpu_rollout", "\n".join(lines))
 
 
-if __name__ == "__main__":
-    what = sys.argv[1] if len(sys.argv) > 1 else "run"
-    kw = dict(a.split("=", 1) for a in sys.argv[2:])
+COMMANDS = {"run": ("shapes", "batches", "prompt", "new", "hf", "profile", "out", "gemm", "accuracy"),
+            "publish": ("out",)}
+
+
+def main(argv: list[str]) -> None:
+    what, kw = subcommand(argv, COMMANDS)
     out = kw.get("out", str(ROOT / "benchmarks/results/gpu_rollout.json"))
     if what == "publish":
         publish(out)
@@ -396,3 +407,7 @@ if __name__ == "__main__":
         run(kw.get("shapes", "qwen3-8b,qwen3-1.7b").split(","), ints(kw.get("batches", "16,64,128")),
             int(kw.get("prompt", 256)), int(kw.get("new", 512)), kw.get("hf", "1") == "1",
             kw.get("profile", "1") == "1", out, kw.get("gemm", "1") == "1", kw.get("accuracy", "1") == "1")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

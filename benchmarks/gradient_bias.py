@@ -40,8 +40,9 @@ nearer the full-precision gradient in |.|^2 need not give a nearer update. The n
 that transform is not linear; for the same reason the calibration's mix row there mixes the updates, not the
 gradients (an approximation).
 `start=RUN:STEP` measures at a checkpoint of a run (e.g. late in a full-precision run) instead of the warm start.
-Writes benchmarks/results/gradient_bias_<preset>_<quant>[_<run>_<step>][_adam][_<tag>].json and its section of
-BENCHMARKS.md; `tag` keeps a study of other methods at a state from replacing the first one's results.
+Writes benchmarks/results/gradient_bias_<preset>_<quant>[_<run>_<step>][_seed<S>][_adam][_<tag>].json and its section
+of BENCHMARKS.md (`_seed<S>`: a seed other than the run's own, or than 0 at the warm start: another prompt batch);
+`tag` keeps a study of other methods at a state from replacing the first one's results.
 """
 
 import json
@@ -54,6 +55,7 @@ from pathlib import Path
 
 import torch
 
+from aisrl.bench.cli import command, options
 from aisrl.bench.one_step import one_step
 from aisrl.bench.report import machine, update_section, write_json
 from aisrl.branch import recorded_base
@@ -311,8 +313,9 @@ def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: 
     if start:
         run, step = start.rsplit(":", 1)
         base, at = recorded_base(Path(run), preset or ""), (run, int(step))
+    recorded = json.loads(Path(base).read_text())["seed"] if base.endswith(".json") else 0
     if seed is None:  # the run's own training pool and prompts, or seed 0's at the warm start
-        seed = json.loads(Path(base).read_text())["seed"] if base.endswith(".json") else 0
+        seed = recorded
     common = [f"seed={seed}"]
     g_ref, g, rows = [], {m: [] for m in methods}, {m: [] for m in methods}
     t0 = time.perf_counter()
@@ -340,12 +343,13 @@ def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: 
         if isinstance(r, dict) and name != "calibration":
             print(f"{name:>10}: " + "  ".join(f"{k} {v:.4g}" for k, v in r.items()))
     tag = f"_seed{seed}" if seed else ""  # seed 0 at the warm start keeps the first results' name
-    if start:
+    if start:  # another seed than the run's own samples another prompt batch: it must not share the run's name
         tag = "_" + "_".join(Path(start.rsplit(":", 1)[0]).parts[-3:]) + f"_{at[1]}"
+        tag += f"_seed{seed}" if seed != recorded else ""
     tag += ("_adam" if space == "adam" else "") + (f"_{label}" if label else "")
     out = {"preset": preset_name, "quant": quant, "seed": seed, "salts": salts, "start": start or "warm start",
            "space": space, "results": res, "seconds": time.perf_counter() - t0, "machine": machine(),
-           "command": "python benchmarks/gradient_bias.py " + " ".join(sys.argv[1:])}  # fmt: skip
+           "command": command(__file__)}  # fmt: skip
     write_json(ROOT / "benchmarks" / "results" / f"gradient_bias_{preset_name}_{quant}{tag}.json", out)
     update_section(ROOT / "BENCHMARKS.md", f"gradient_bias_{preset_name}_{quant}{tag}", section(out))
     return out
@@ -354,9 +358,7 @@ def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: 
 KEYS = ("preset", "quant", "seed", "salts", "methods", "start", "horizons", "choose", "space", "tag", "alpha_max")
 
 if __name__ == "__main__":
-    kw = dict(a.split("=", 1) for a in sys.argv[1:])
-    if set(kw) - set(KEYS) or any("=" not in a for a in sys.argv[1:]):
-        sys.exit(f"arguments are key=value with keys {list(KEYS)}; got {sys.argv[1:]}")
+    _, kw = options(sys.argv[1:], KEYS)
     main(kw.get("preset"), kw.get("quant", "mxfp4_w4a4"), int(kw["seed"]) if "seed" in kw else None,
          int(kw.get("salts", 16)), kw.get("methods", "none,tis,prefix_tis,seq_tis").split(","), kw.get("start", ""),
          [int(h) for h in kw.get("horizons", "1,10,100").split(",")],

@@ -27,6 +27,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from aisrl.bench.cli import command, options
 from aisrl.bench.report import write_json
 from aisrl.compare import run_rows, summarize_run
 from aisrl.update import MismatchGuard
@@ -85,13 +86,12 @@ def parse(given: dict[str, str]) -> dict:
 
 
 def main(argv: list[str]) -> dict:
-    folders = [Path(a) for a in argv if "=" not in a]
-    given = dict(a.split("=", 1) for a in argv if "=" in a)
-    unknown = set(given) - set(OPTIONS)
-    if not folders or unknown:
-        raise SystemExit("usage: python benchmarks/guard_replay.py FOLDER [FOLDER ...] "
-                         + " ".join(f"[{k}={v}]" for k, v in OPTIONS.items())
-                         + f" (got {argv}; unknown keys {sorted(unknown)})")  # fmt: skip
+    keys = " ".join(f"[{k}={v}]" for k, v in OPTIONS.items())
+    usage = f"python benchmarks/guard_replay.py FOLDER [FOLDER ...] {keys}"
+    folders, given = options(argv, OPTIONS, positional=True, usage=usage)
+    if not folders:
+        raise SystemExit(f"usage: {usage} (got {argv})")
+    folders = [Path(f) for f in folders]
     missing = [str(f) for f in folders if not f.is_dir()]
     if missing:
         raise SystemExit(f"no such folder: {missing} (pass `aisrl compare` output folders)")
@@ -124,7 +124,7 @@ def main(argv: list[str]) -> dict:
         print(f"{rule}: flags {n['fell']} of {len(fell)} runs that fell and {n['healthy']} of {len(kept)} that did not")
     if unfinished:
         print(f"skipped {len(unfinished)} unfinished runs: {unfinished}")
-    result = {"command": "python benchmarks/guard_replay.py " + " ".join(argv), "options": opts, "runs": runs,
+    result = {"command": command(__file__, argv), "options": opts, "runs": runs,
               "falls": len(fell), "flagged": table, "unfinished": unfinished}  # fmt: skip
     write_json(ROOT / "benchmarks" / "results" / f"guard_replay_{opts['tag']}.json", result)
     return result

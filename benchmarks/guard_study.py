@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # paired_seeds: the sh
 
 from paired_seeds import collect, score, summary  # noqa: E402
 
+from aisrl.bench.cli import command, options  # noqa: E402
 from aisrl.bench.report import write_json  # noqa: E402
 from aisrl.checkpoint import same_start  # noqa: E402
 from aisrl.compare import run_rows, summarize_run  # noqa: E402
@@ -73,12 +74,12 @@ def seed_row(seed: int, guarded: Path, unguarded: Path | None, steps: int, fall:
 
 
 def main(argv: list[str]) -> dict:
-    dirs = [Path(a) for a in argv if "=" not in a]
-    opts = dict(a.split("=", 1) for a in argv if "=" in a)
-    unknown = set(opts) - {"group", "tag", "steps", "fall"}
-    if len(dirs) != 2 or unknown:
-        raise SystemExit("usage: python benchmarks/guard_study.py GUARDED UNGUARDED [group=FORMAT/METHOD] [tag=NAME] "
-                         f"[steps=100] [fall=0.08] (got {argv}; unknown keys {sorted(unknown)})")  # fmt: skip
+    usage = ("python benchmarks/guard_study.py GUARDED UNGUARDED [group=FORMAT/METHOD] [tag=NAME] [steps=100] "
+             "[fall=0.08]")
+    dirs, opts = options(argv, ("group", "tag", "steps", "fall"), positional=True, usage=usage)
+    if len(dirs) != 2:
+        raise SystemExit(f"usage: {usage} (got {argv})")
+    dirs = [Path(d) for d in dirs]
     group, steps = opts.get("group", "fp8_e4m3_w8a8/ais"), int(opts.get("steps", 100))
     fall = float(opts.get("fall", 0.08))
     guarded, unguarded = runs_of(dirs[0], group, steps), runs_of(dirs[1], group, steps)
@@ -87,7 +88,7 @@ def main(argv: list[str]) -> dict:
     seeds = [seed_row(k, guarded[k], unguarded.get(k), steps, fall) for k in sorted(guarded)]
     bad = [s for s in seeds if s["twin"] not in ("ok", "itself (no trip)")]
     paired = [s for s in seeds if s not in bad]
-    result = {"command": "python benchmarks/guard_study.py " + " ".join(argv), "group": group, "steps": steps,
+    result = {"command": command(__file__, argv), "group": group, "steps": steps,
               "seeds": seeds, "unpaired": [s["seed"] for s in bad],
               "tripped": sum(bool(s["trips"]) for s in paired), "trips": sum(len(s["trips"]) for s in paired),
               "falls": {arm: sum(s[f"fell_{arm}"] for s in paired) for arm in ("guard", "none")},

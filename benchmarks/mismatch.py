@@ -10,6 +10,7 @@ benchmarks/results/mismatch_<subject>.json, runs/mismatch_<subject>/logratio_his
 import sys
 from pathlib import Path
 
+from aisrl.bench.cli import command
 from aisrl.bench.report import machine, machine_line, update_section, write_json
 from aisrl.config import apply_overrides
 from aisrl.doctor import DoctorConfig, main, table
@@ -30,7 +31,7 @@ if __name__ == "__main__":
     subject = Path(cfg.preset).stem if cfg.preset else Path(cfg.model).name
     result = main(cfg, ROOT / f"runs/mismatch_{subject}")
     slim = {f: {k: v for k, v in r.items() if k != "log_ratios"} for f, r in result.items()}
-    cmd = "python benchmarks/mismatch.py" + "".join(f" {a}" for a in sys.argv[1:])
+    cmd = command(__file__)
     write_json(ROOT / f"benchmarks/results/mismatch_{subject}.json",
                {"config": cfg.__dict__, "formats": slim, "machine": machine(), "command": cmd})  # fmt: skip
     if cfg.preset:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from aisrl.bench.cli import command, options
 from aisrl.bench.report import update_section, write_json
 from aisrl.compare import run_rows
 
@@ -123,16 +124,15 @@ def main(dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metri
             xm, ym = statistics.fmean(last[k] for k in keys), statistics.fmean(y[k] for k in keys)
             result["per_method"][m] = {"runs": len(keys), "k3_last": xm, "gap": ym, **correlation(
                 {k: last[k] - xm for k in keys}, {k: y[k] - ym for k in keys})}  # fmt: skip
-    print(section(result, "python benchmarks/mismatch_vs_gap.py " + " ".join(sys.argv[1:])))
+    text = section(result, command(__file__))
+    print(text)
     name = "_".join([tag or fmt, metric])
     write_json(ROOT / f"benchmarks/results/mismatch_vs_gap_{name}.json", result)
-    command = "python benchmarks/mismatch_vs_gap.py " + " ".join(sys.argv[1:])
-    update_section(ROOT / "BENCHMARKS.md", f"mismatch_vs_gap_{name}", section(result, command))
+    update_section(ROOT / "BENCHMARKS.md", f"mismatch_vs_gap_{name}", text)
     return result
 
 
 if __name__ == "__main__":
-    paths = [Path(a) for a in sys.argv[1:] if "=" not in a]
-    kw = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
-    main(paths, kw.get("format", "mxfp4_w4a4"), kw.get("methods", "none,tis,ais").split(","), int(kw.get("steps", 100)),
-         kw.get("metric", "greedy_accuracy"), kw.get("tag", ""))  # fmt: skip
+    paths, kw = options(sys.argv[1:], ("format", "methods", "steps", "metric", "tag"), positional=True)
+    main([Path(p) for p in paths], kw.get("format", "mxfp4_w4a4"), kw.get("methods", "none,tis,ais").split(","),
+         int(kw.get("steps", 100)), kw.get("metric", "greedy_accuracy"), kw.get("tag", ""))  # fmt: skip

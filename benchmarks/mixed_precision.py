@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from aisrl.bench.cli import command
 from aisrl.bench.report import machine, machine_line, update_section, write_json
 from aisrl.config import apply_overrides
 from aisrl.doctor import DoctorConfig, diagnose
@@ -93,7 +94,7 @@ if __name__ == "__main__":
     result_machine = machine()
     write_json(ROOT / f"benchmarks/results/mixed_precision_{name}.json",
                {"config": cfg.__dict__, "machine": result_machine, "formats": result})  # fmt: skip
-    cmd = "python benchmarks/mixed_precision.py" + "".join(f" {a}" for a in sys.argv[1:])
+    cmd = command(__file__)
     top = max(cfg.tops)
     order = "\n".join(f"- {fmt}: " + ", ".join(f"{x['layer']} ({x['removed']:.0%})" for x in r["ranking"][:top])
                       for fmt, r in result.items())  # fmt: skip

@@ -27,6 +27,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from aisrl.bench.cli import options
 from aisrl.bench.report import write_json
 from aisrl.checkpoint import same_start
 from aisrl.compare import run_rows
@@ -181,10 +182,8 @@ def main(
 KEYS = ("format", "methods", "steps", "metric", "tag", "overwrite")
 
 if __name__ == "__main__":
-    kw = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
-    if set(kw) - set(KEYS):
-        sys.exit(f"unknown option(s) {sorted(set(kw) - set(KEYS))}; choose from {list(KEYS)}")
-    dirs = [Path(a) for a in sys.argv[1:] if "=" not in a] or [Path("runs/compare")]
+    dirs, kw = options(sys.argv[1:], KEYS, positional=True)
+    dirs = [Path(d) for d in dirs] or [Path("runs/compare")]
     main(
         dirs,
         kw.get("format", "mxfp4_w4a4"),

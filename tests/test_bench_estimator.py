@@ -4,6 +4,7 @@ import itertools
 
 import pytest
 import torch
+from conftest import load_benchmark
 
 from aisrl.bench.estimator import (
     EstimatorBenchConfig,
@@ -17,6 +18,7 @@ from aisrl.bench.estimator import (
     run,
     run_point,
 )
+from aisrl.config import apply_overrides
 
 
 def test_enumeration_is_a_distribution():
@@ -219,3 +221,28 @@ def test_unknown_policy_and_bad_sizes_are_clear_errors():
         with pytest.raises(ValueError, match=message):
             run(EstimatorBenchConfig(**{key: value}))
     run(EstimatorBenchConfig(policy="markov", length=20, batches=2, instances=1, strengths=[0.1], sharpness=[1.0]))
+
+
+def test_a_run_with_other_settings_than_a_published_one_gets_its_own_name():
+    # benchmarks/estimator.py: before, the name held N and the seed only, so a smoke run replaced the headline figures
+    names = load_benchmark("estimator").names
+
+    def of(command: str):
+        return names(apply_overrides(EstimatorBenchConfig(), command.split()))
+
+    # the commands BENCHMARKS.md, README.md and docs/ais.md give keep their sections
+    assert of("") == ("N64", "estimator", "### Batch N = 64")
+    assert of("seed=1")[:2] == ("N64_seed1", "estimator_N64_seed1")
+    assert of("groups=4 group_size=4")[:2] == ("N16", "estimator_N16")
+    assert of("policy=markov length=24 groups=32 group_size=8 batches=240 instances=8 strengths=[0.05,0.1,0.2,0.35] "
+              "methods=[none,tis,prefix_tis,suffix_tis,seq_tis,icepop,ais] horizons=[1,10,100]")[:2] == (
+        "markov_L24_N256", "estimator_markov_L24_N256")  # fmt: skip
+    # a smoke run, another split of the same N, a markov run with other settings: a hash of their settings
+    smoke = of("batches=10 instances=1")
+    tag = smoke[0]
+    assert tag.startswith("N64_") and len(tag) == len("N64_") + 8 and smoke[1] == f"estimator_{tag}"
+    assert of("instances=1 batches=10") == smoke  # stable: the same settings, the same name
+    assert of("batches=10 instances=1 seed=2")[0] == f"N64_seed2_{tag[4:]}"
+    assert of("batches=11 instances=1")[0] not in (tag, "N64")
+    assert of("groups=16 group_size=4")[1] not in ("estimator", "estimator_N64")
+    assert of("policy=markov length=24 groups=32 group_size=8")[0].startswith("markov_L24_N256_")

@@ -205,3 +205,29 @@ def test_adam_space_is_the_update_adamw_makes_of_each_batch_gradient(tmp_path):
     torch.testing.assert_close(gb.adam_space(g, None), g.sign(), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="optimizer state for 17 values, the gradient has 16"):
         gb.adam_space(g[:, :16], (str(tmp_path / "run"), 5))
+
+
+def test_a_seed_other_than_the_runs_own_gets_its_own_results_at_a_checkpoint(tmp_path, monkeypatch):
+    # from RUN:STEP the prompt batch is the run's seed's unless seed= says otherwise: another batch, another name
+    # (before: seed=5 dropped from the name, so its figures replaced those of the run's own batch)
+    gb = load_benchmark("gradient_bias")
+    monkeypatch.setattr(gb, "ROOT", tmp_path)
+    run = tmp_path / "study" / "fmt" / "tis" / "seed3"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"seed": 3}))  # what recorded_base reads: the run's seed is 3
+    gen = torch.Generator().manual_seed(0)
+    used = []
+
+    def step(base, overrides, start=None):  # the step's gradient, random: only the names are looked at
+        used.append(overrides[0])
+        return {"k3_kl": 0.1}, torch.randn(20, generator=gen) + 1
+
+    monkeypatch.setattr(gb, "one_step", step)
+    for seed in (None, 3, 5):
+        gb.main(None, "mxfp4_w4a4", seed, 3, ["none", "tis"], f"{run}:80", [1, 10])
+    assert set(used) == {"seed=3", "seed=5"}
+    names = sorted(p.stem for p in (tmp_path / "benchmarks" / "results").iterdir())
+    assert names == ["gradient_bias_lab_columns_mxfp4_w4a4_fmt_tis_seed3_80",
+                     "gradient_bias_lab_columns_mxfp4_w4a4_fmt_tis_seed3_80_seed5"]  # fmt: skip
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert text.count("<!-- BEGIN gradient_bias_lab_columns_mxfp4_w4a4_fmt_tis_seed3_80") == 2

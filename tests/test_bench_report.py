@@ -29,3 +29,47 @@ def test_unpaired_markers_are_refused_rather_than_swallowing_text(tmp_path):
     with pytest.raises(ValueError, match="section 'a'"):
         update_section(doc, "a", "y")
     assert doc.read_text() == "<!-- END a -->\ntext\n<!-- BEGIN a -->\n"
+
+
+def test_benchmarks_finishing_together_keep_each_others_sections(tmp_path, monkeypatch):
+    # each writer reads the file, adds its section and renames a new file over it; the write is slowed so that all
+    # of them read before any writes: without a lock from the read to the rename, all but one section would be lost
+    import threading
+    import time
+
+    from aisrl.bench import report
+
+    write = report.atomic_write_text
+
+    def slow_write(path, text):
+        time.sleep(0.05)
+        write(path, text)
+
+    monkeypatch.setattr(report, "atomic_write_text", slow_write)
+    doc = tmp_path / "B.md"
+    doc.write_text("# B\n")
+    writers = [threading.Thread(target=update_section, args=(doc, f"s{i}", f"body {i}")) for i in range(6)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    text = doc.read_text()
+    assert all(f"<!-- BEGIN s{i} -->\nbody {i}\n<!-- END s{i} -->" in text for i in range(6))
+
+
+def test_staged_results_replace_the_published_file_only_when_the_run_completes(tmp_path):
+    import json
+
+    from aisrl.bench.report import staged_json
+
+    out = tmp_path / "r.json"
+    out.write_text('{"published": true}')
+    with pytest.raises(RuntimeError), staged_json(out) as save:
+        save({"rows": [1]})
+        raise RuntimeError("the run failed after a first row")
+    assert json.loads(out.read_text()) == {"published": True}  # the published results are kept
+    assert json.loads((tmp_path / "r.json.partial").read_text()) == {"rows": [1]}  # the progress, for a look
+    with staged_json(out) as save:
+        save({"rows": [1]})
+        save({"rows": [1, 2]})
+    assert json.loads(out.read_text()) == {"rows": [1, 2]} and not (tmp_path / "r.json.partial").exists()

@@ -7,11 +7,18 @@ import os
 import platform
 import re
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from aisrl.checkpoint import atomic_write_text
+
+try:
+    import fcntl
+except ImportError:  # not POSIX (Windows): sections are written without a lock
+    fcntl = None
 
 
 def _cpu_model() -> str | None:
@@ -42,6 +49,16 @@ def write_json(path: str | Path, data: dict) -> None:
     atomic_write_text(path, json.dumps(data, indent=1))
 
 
+@contextmanager
+def staged_json(path: str | Path) -> Iterator[Callable[[dict], None]]:
+    """A save(data) function for a run's results as they grow: each save goes to PATH.partial, which is renamed over
+    `path` only when the block ends without an error, so a failed or interrupted run leaves the published file as it
+    was (and its progress in PATH.partial)."""
+    partial = Path(f"{path}.partial")
+    yield lambda data: write_json(partial, data)
+    os.replace(partial, path)
+
+
 def machine_line(m: dict | None = None) -> str:
     """`machine()` in a few words, for the line under a benchmark's table: what the figures were measured on."""
     m = m or machine()
@@ -49,18 +66,34 @@ def machine_line(m: dict | None = None) -> str:
     return f"{where}{m.get('cpu') or m['processor']}, {m['cpus']} CPUs, torch {m['torch']}"
 
 
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `.NAME.lock` beside `path` for the block (not on `path` itself, which a rename
+    replaces while others wait on it); without fcntl (not POSIX) there is no lock."""
+    if fcntl is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
+
+
 def update_section(path: str | Path, name: str, body: str) -> None:
-    """Replace the text between `<!-- BEGIN name -->` and `<!-- END name -->`, appending if absent."""
+    """Replace the text between `<!-- BEGIN name -->` and `<!-- END name -->`, appending if absent. The file is read,
+    changed and replaced under a lock, so that benchmarks finishing together keep each other's sections."""
     path = Path(path)
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
     begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
-    if text.count(begin) > 1 or text.count(begin) != text.count(end) or text.find(end) < text.find(begin):
-        raise ValueError(f"{path}: the markers of section {name!r} are unpaired or repeated; mend them by hand "
-                         f"(one {begin} line, then one {end} line), so that no text between them is lost")  # fmt: skip
-    block = f"{begin}\n{body.rstrip()}\n{end}"
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
-    atomic_write_text(path, text)
+    with _locked(path):
+        text = path.read_text() if path.exists() else "# Benchmarks\n"
+        if text.count(begin) > 1 or text.count(begin) != text.count(end) or text.find(end) < text.find(begin):
+            raise ValueError(f"{path}: the markers of section {name!r} are unpaired or repeated; mend them by hand "
+                             f"(one {begin} line, then one {end} line), so that no text between them is "
+                             "lost")  # fmt: skip
+        block = f"{begin}\n{body.rstrip()}\n{end}"
+        pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+        text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+        atomic_write_text(path, text)
 
 
 def step_timer():

@@ -1,0 +1,47 @@
+"""The command lines of the benchmark scripts (benchmarks/*.py): their `key=value` options, checked before anything
+runs, and the command a result records."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+
+def options(argv: list[str], keys: Iterable[str], positional: bool = False,
+            usage: str = "") -> tuple[list[str], dict[str, str]]:  # fmt: skip
+    """(arguments without '=', {key: value} of the `key=value` ones). A key not among `keys`, a key given twice, or
+    an argument without '=' where there is none to give (`positional` false) is an error naming it and the valid
+    keys: a misspelt option would otherwise run with its default and be recorded as if it had been set."""
+    keys = list(keys)
+    pos = [a for a in argv if "=" not in a]
+    names = [a.split("=", 1)[0] for a in argv if "=" in a]
+    unknown = sorted(set(names) - set(keys))
+    twice = sorted({k for k in names if names.count(k) > 1})
+    problem = (f"unknown keys {unknown}" if unknown else f"keys given twice {twice}" if twice
+               else f"arguments without '=' {pos}" if pos and not positional else "")  # fmt: skip
+    if problem:
+        usage = f"\nusage: {usage}" if usage else ""
+        raise SystemExit(f"{problem}; the options are key=value with keys {keys}{usage}")
+    return pos, dict(a.split("=", 1) for a in argv if "=" in a)
+
+
+def subcommand(argv: list[str], commands: Mapping[str, Iterable[str]]) -> tuple[str, dict[str, str]]:
+    """(command, options) of `[COMMAND] [key=value ...]`; `commands` maps each command to its keys, the first being
+    the default. The first argument is the command unless it holds '=' (an option of the default); an unknown command
+    is an error, not a run of the default."""
+    named = bool(argv) and "=" not in argv[0]
+    what = argv[0] if named else next(iter(commands))
+    if what not in commands:
+        raise SystemExit(f"unknown command {what!r}; choose from {list(commands)}")
+    return what, options(argv[named:], commands[what])[1]
+
+
+def command(script: str, argv: list[str] | None = None) -> str:
+    """The command line a result records, `python benchmarks/NAME.py ARGS` (`script`: the script's __file__; argv: by
+    default this process's arguments), after `OMP_NUM_THREADS=N ` where that is set: the thread count moves timings,
+    and through the order of reductions the last bits of some figures."""
+    threads = os.environ.get("OMP_NUM_THREADS")
+    env = [f"OMP_NUM_THREADS={threads}"] if threads else []
+    return " ".join([*env, "python", f"benchmarks/{Path(script).name}", *(sys.argv[1:] if argv is None else argv)])

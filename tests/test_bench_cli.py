@@ -1,0 +1,91 @@
+"""aisrl.bench.cli: a benchmark script refuses an option it does not know (a misspelt key would otherwise run with its
+default and be recorded as set), names a subcommand only by its first argument, and records the command as run."""
+
+import runpy
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import load_benchmark
+
+from aisrl.bench.cli import command, options, subcommand
+
+BENCH = Path(__file__).parent.parent / "benchmarks"
+
+
+def test_options_split_positional_arguments_from_known_keys_and_name_what_is_wrong():
+    assert options(["runs/a", "steps=3", "tag=x=y"], ("steps", "tag"), positional=True) == (
+        ["runs/a"], {"steps": "3", "tag": "x=y"})  # fmt: skip
+    with pytest.raises(SystemExit, match=r"unknown keys \['stpes'\]; the options are key=value with keys \['steps'"):
+        options(["stpes=3"], ("steps", "tag"))
+    with pytest.raises(SystemExit, match=r"keys given twice \['steps'\]"):
+        options(["steps=3", "steps=4"], ("steps",))
+    with pytest.raises(SystemExit, match=r"arguments without '=' \['steps', '3'\][\s\S]*usage: script.py \[steps=N\]"):
+        options(["steps", "3"], ("steps",), usage="script.py [steps=N]")
+
+
+def test_a_subcommand_is_the_first_argument_only_and_an_unknown_one_is_an_error():
+    commands = {"run": ("shapes", "out"), "publish": ("out",)}
+    assert subcommand(["shapes=x"], commands) == ("run", {"shapes": "x"})  # not a subcommand 'shapes=x'
+    assert subcommand([], commands) == ("run", {})
+    assert subcommand(["publish", "out=o.json"], commands) == ("publish", {"out": "o.json"})
+    with pytest.raises(SystemExit, match=r"unknown command 'pubish'; choose from \['run', 'publish'\]"):
+        subcommand(["pubish"], commands)
+    with pytest.raises(SystemExit, match=r"unknown keys \['shapes'\]"):  # publish has no shapes
+        subcommand(["publish", "shapes=x"], commands)
+    with pytest.raises(SystemExit, match=r"arguments without '=' \['publish'\]"):  # a command after an option
+        subcommand(["shapes=x", "publish"], commands)
+
+
+def test_the_recorded_command_carries_the_thread_setting_it_ran_with(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert command("/x/benchmarks/a.py", ["steps=1"]) == "OMP_NUM_THREADS=3 python benchmarks/a.py steps=1"
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(sys, "argv", ["a.py", "tag=a"])
+    assert command("a.py") == "python benchmarks/a.py tag=a"
+    # the two scripts that wrote OMP_NUM_THREADS=2 into their command whatever the run's setting (the measurements
+    # themselves are left out: a pull that changes nothing, a study of no runs)
+    cp, cm = load_benchmark("copy_pull"), load_benchmark("checkpoint_mismatch")
+    curve = [{"step": 0, "k3": 0.1, "reward": 0.5, "nll": 1.0}]
+    monkeypatch.setattr(cp, "pull", lambda preset, quant, start, v, lr, *a: {"variant": v, "lr": lr, "curve": curve})
+    monkeypatch.setattr(cm, "setup", lambda *a: SimpleNamespace(measure=lambda held: curve[0]))
+    for mod in (cp, cm):
+        monkeypatch.setattr(mod, "ROOT", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["x.py", "tag=t"])
+    for threads in ("1", None):
+        if threads:
+            monkeypatch.setenv("OMP_NUM_THREADS", threads)
+        else:
+            monkeypatch.delenv("OMP_NUM_THREADS")
+        env = f"OMP_NUM_THREADS={threads} " if threads else ""
+        out = cp.main("lab", "mxfp4_w4a4", "", ["grid"], [1e-3], 1, 1, 1, "t")
+        assert out["command"] == f"{env}python benchmarks/copy_pull.py tag=t"
+        out = cm.main([], [], [1], "mxfp4_w4a4", "lab", 1, "t")
+        assert out["command"] == f"{env}python benchmarks/checkpoint_mismatch.py tag=t"
+        assert f"`{out['command']}`" in (tmp_path / "BENCHMARKS.md").read_text()
+
+
+# Each script with a misspelt key and a value that fails fast: the key must be refused before anything runs (before
+# the check, the scripts dropped it and stopped only at the bad value, or, without one, ran a whole study).
+SCRIPTS = [
+    ("mismatch_vs_gap", ["nowhere", "steps=x"], "metric"),
+    ("checkpoint_mismatch", ["nowhere", "held=x"], "kinds"),
+    ("copy_pull", ["lrs=x"], "variants"),
+    ("first_step_gradients", ["below=x"], "seeds"),
+    ("gpu_grpo", ["steps=x"], "variants"),
+    ("gpu_rollout", ["run", "batches=x"], "shapes"),
+    ("calibration_noise", ["nowhere", "steps=x"], "tag"),
+    ("ais_tis_paths", ["steps=x"], "quant"),
+    ("gradient_bias", ["salts=x"], "horizons"),
+    ("paired_seeds", ["nowhere", "steps=x"], "overwrite"),
+]
+
+
+@pytest.mark.parametrize(("script", "args", "valid"), SCRIPTS, ids=[s[0] for s in SCRIPTS])
+def test_every_script_refuses_a_misspelt_key_naming_it_and_the_valid_ones(script, args, valid, monkeypatch):
+    path = BENCH / f"{script}.py"
+    monkeypatch.setattr(sys, "argv", [str(path), *args, "bogus=1"])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the scripts that import a sibling add their folder
+    with pytest.raises(SystemExit, match=rf"unknown keys \['bogus'\]; the options are key=value with keys .*'{valid}'"):
+        runpy.run_path(str(path), run_name="__main__")
