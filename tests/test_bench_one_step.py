@@ -59,18 +59,20 @@ def test_from_a_checkpoint_it_reproduces_the_runs_next_step(tmp_path):
         recorded_base(tmp_path)
 
 
+def synthetic(seed: int, K: int, P: int = 500):
+    """(g, b, noise): a true gradient with |g|^2 = 1 (every figure is in these units), a bias with |b|^2 = 0.64,
+    and noise(var) -> (K, P) rows with E|e|^2 = var, all drawn from one generator."""
+    gen = torch.Generator().manual_seed(seed)
+    g = torch.randn(P, generator=gen)
+    g *= 1 / g.norm()
+    b = torch.randn(P, generator=gen)
+    b *= 0.8 / b.norm()
+    return g, b, lambda var: torch.randn(K, P, generator=gen) * (var / P) ** 0.5
+
+
 def test_bias_noise_split_and_best_alpha_match_their_closed_forms():
     gb = load_benchmark("gradient_bias")
-    gen = torch.Generator().manual_seed(0)
-    K, P = 400, 500
-    g = torch.randn(P, generator=gen)
-    g *= 1 / g.norm()  # |g|^2 = 1: every figure is in these units
-    b = torch.randn(P, generator=gen)
-    b *= 0.8 / b.norm()  # |b|^2 = 0.64
-
-    def noise(var):  # rows with E|e|^2 = var
-        return torch.randn(K, P, generator=gen) * (var / P) ** 0.5
-
+    g, b, noise = synthetic(0, K=400)
     g_ref = g + noise(0.5)
     g_none = g + b + noise(0.2)  # biased, quieter
     g_tis = g + noise(1.0)  # unbiased, noisier; independent of g_none
@@ -100,16 +102,8 @@ def test_the_line_beyond_tis_finds_an_optimum_past_alpha_1_when_tis_keeps_part_o
     # err@h(a) = (1 - a/2)^2 |b|^2 + ((1 - a)^2 v_none + a^2 v_tis) / h, minimised at
     # a* = (|b|^2 / 2 + v_none / h) / (|b|^2 / 4 + (v_none + v_tis) / h)
     gb = load_benchmark("gradient_bias")
-    gen = torch.Generator().manual_seed(1)
-    K, P = 400, 500
-    g = torch.randn(P, generator=gen)
-    g *= 1 / g.norm()
-    b = torch.randn(P, generator=gen)
-    b *= 0.8 / b.norm()  # |b|^2 = 0.64
-
-    def noise(var):
-        return torch.randn(K, P, generator=gen) * (var / P) ** 0.5
-
+    K = 400
+    g, b, noise = synthetic(1, K)
     g_ref, g_none, g_tis = g + noise(0.5), g + b + noise(0.2), g + 0.5 * b + noise(1.0)
     inside = gb.measure(g_ref, {"none": g_none, "tis": g_tis}, [1, 10, 100], choose=[])
     assert inside["segment"]["alpha*_err@100"] == 1.0 and inside["segment"]["alpha_max"] == 1.0  # the segment's end
@@ -142,16 +136,7 @@ def test_a_true_gradient_drowned_in_noise_gives_no_norm_rather_than_a_crash():
 
 def test_calibration_picks_the_unbiased_end_point_once_enough_pooled_batches_average_its_noise():
     gb = load_benchmark("gradient_bias")
-    gen = torch.Generator().manual_seed(1)
-    K, P = 64, 500
-    g = torch.randn(P, generator=gen)
-    g *= 1 / g.norm()
-    b = torch.randn(P, generator=gen)
-    b *= 0.8 / b.norm()  # the biased estimator's bias, |b|^2 = 0.64
-
-    def noise(var):
-        return torch.randn(K, P, generator=gen) * (var / P) ** 0.5
-
+    g, b, noise = synthetic(1, K=64)  # b: the biased estimator's bias
     g_ref = g + noise(0.5)
     # paired with the reference: d_biased = b + small noise, d_noisy = unbiased with E|d|^2 = 2.0
     res = gb.measure(g_ref, {"biased": g_ref + b + noise(0.05), "noisy": g_ref + noise(2.0)}, [1, 10],
