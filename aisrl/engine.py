@@ -150,7 +150,8 @@ class Engine:
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.H, self.Hk = cfg.num_attention_heads, cfg.num_key_value_heads
         self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.H
-        self.use_kernel = self.device.type == "cuda" and triton_available() and kernel_supports(self.D)
+        self.use_kernel = (self.device.type == "cuda" and triton_available() and kernel_supports(self.D)
+                           and self.dtype != torch.float32)  # the Triton kernel computes in BF16  # fmt: skip
         if compile is None:
             compile = self.device.type == "cuda" and triton_available()  # inductor needs Triton on CUDA
         self._fused = {k: CompiledStage(f) for k, f in STAGES.items()} if compile else STAGES

@@ -147,7 +147,7 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
     from aisrl.checkpoint import latest_checkpoint
     from aisrl.lora import merged_state
     from aisrl.train_config import resolve_device
-    from aisrl.trainer import _eval_mode, _rollout_model, build, make_policy, problem_sets, static_engine
+    from aisrl.trainer import _eval_mode, _rollout_model, build_trained, make_policy, problem_sets, static_engine
 
     run_dir = Path(run_dir)
     ckpt = latest_checkpoint(run_dir)
@@ -162,12 +162,9 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
             return cached
     if not supported(cfg):
         raise ValueError("final evaluation supports full-parameter causal runs (lora.r=0, model.kind=causal)")
-    from safetensors.torch import load_file
-
     torch.manual_seed(0)
     device = resolve_device(cfg.device)  # where the run trained: a GPU run is scored on its GPU
-    model, tok, task, encode = build(cfg)
-    model.load_state_dict(load_file(weights))
+    model, tok, task, encode = build_trained(cfg, weights)
     model.to(device)
     policy = make_policy(cfg, tok, model)
     pool, held = problem_sets(cfg, task)  # the run's own training pool and held-out set
@@ -176,7 +173,7 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
         scorer = static_engine(cfg, model, device, task, encode, None, torch.float32)  # FP32 engine, so seeds pair
     with torch.no_grad(), _eval_mode(model):
         trained = _rewards(policy, scorer, task, tok, encode, pool, samples)
-        if cfg.rollout.quant == "none":
+        if cfg.rollout.quant == "none" and cfg.rollout.engine == "hf":  # the run sampled with this very model
             sampler = trained
         else:
             rollout, sync = _rollout_model(cfg, model, device, task, encode)

@@ -350,7 +350,7 @@ def logprobs(
         rows = []
         for c in range(0, t, chunk):
             tgt = completion_ids[idx, c : min(c + chunk, t)].to(device)
-            if hidden.requires_grad:  # recomputed in backward: autograd keeps no chunk's (b, c, V) tensors
+            if torch.is_grad_enabled():  # recomputed in backward: autograd keeps no chunk's (b, c, V) tensors
                 rows.append(checkpoint(_score_chunk, head, finish, hidden[:, c : c + chunk], tgt, params,
                                        use_reentrant=False))  # fmt: skip
             else:

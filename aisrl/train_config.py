@@ -455,10 +455,12 @@ def validate(cfg: TrainConfig) -> None:
         if ignored:
             raise ValueError(f"{', '.join(ignored)} is set, but model.name=lab trains on its own task (lab.task="
                              f"{cfg.lab.task!r}): choose the lab's problems with lab.* keys (lab.task=...), or clear "
-                             f"{' and '.join(k.split('=')[0] for k in ignored)}")  # fmt: skip
+                             f"{' and '.join(k.split('=')[0] for k in ignored)} (for a run that recorded them, in "
+                             "its config.json too: they never took effect)")  # fmt: skip
     elif cfg.dataset and cfg.task not in ("dataset", "jsonl", "reasoning_gym"):
         raise ValueError(f"dataset={cfg.dataset!r} is set, but task={cfg.task!r} does not read it (only task=dataset, "
-                         "jsonl or reasoning_gym do): set task=dataset to train on the file, or clear dataset")
+                         "jsonl or reasoning_gym do): set task=dataset to train on the file, or clear dataset (for a "
+                         "run that recorded it, in its config.json too: it never took effect)")  # fmt: skip
     check_task(cfg.task, **task_kwargs(cfg))
     local = cfg.model.name != "lab" and cfg.task in ("dataset", "jsonl")
     if local and not (cfg.dataset and Path(cfg.dataset).exists()):

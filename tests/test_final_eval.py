@@ -137,6 +137,9 @@ def test_fields_added_later_change_the_config_hash_only_away_from_their_default(
     assert digest("rollout.keep=[model.layers.0.*]") != base
 
 
+FILE_TASK = ["model.name=smollm2"]  # the lab trains on its own task: a file task needs another model
+
+
 def test_a_local_dataset_enters_the_cached_settings_by_its_contents(tmp_path):
     from aisrl.final_eval import _settings
     from aisrl.train_config import load_config
@@ -145,7 +148,7 @@ def test_a_local_dataset_enters_the_cached_settings_by_its_contents(tmp_path):
     data.write_text('{"question": "1+1", "answer": "2"}\n')
 
     def settings():
-        return _settings("step_000001", "w", load_config("lab", ["task=dataset", f"dataset={data}"]), 4, 8)
+        return _settings("step_000001", "w", load_config("lab", [*FILE_TASK, "task=dataset", f"dataset={data}"]), 4, 8)
 
     first = settings()
     assert first["dataset_sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
@@ -155,13 +158,12 @@ def test_a_local_dataset_enters_the_cached_settings_by_its_contents(tmp_path):
     saved = tmp_path / "saved"  # a `datasets` directory: its files by name and bytes
     (saved / "sub").mkdir(parents=True)
     (saved / "sub" / "a.arrow").write_bytes(b"xyz")
-    d = _settings("s", "w", load_config("lab", ["task=jsonl", f"dataset={saved}"]), 4, 8)["dataset_sha256"]
+    from_dir = load_config("lab", [*FILE_TASK, "task=jsonl", f"dataset={saved}"])
+    d = _settings("s", "w", from_dir, 4, 8)["dataset_sha256"]
     (saved / "sub" / "a.arrow").write_bytes(b"xyw")
-    assert _settings("s", "w", load_config("lab", ["task=jsonl", f"dataset={saved}"]), 4, 8)["dataset_sha256"] != d
+    assert _settings("s", "w", from_dir, 4, 8)["dataset_sha256"] != d
     assert "dataset_sha256" not in _settings("s", "w", load_config("lab"), 4, 8)  # lab runs' caches stay valid
-    unread = load_config("lab", [f"dataset={data}"])  # a path the arithmetic task never reads
-    assert "dataset_sha256" not in _settings("s", "w", unread, 4, 8)
-    gone = load_config("lab", ["task=dataset", f"dataset={tmp_path / 'moved.jsonl'}"])
+    gone = load_config("lab", [*FILE_TASK, "task=dataset", f"dataset={tmp_path / 'moved.jsonl'}"])
     assert _settings("s", "w", gone, 4, 8)["dataset_sha256"] == "missing"
 
 
@@ -180,3 +182,10 @@ def test_a_static_engine_run_scores_both_sides_through_the_engine_so_equal_seeds
             trained.completion_mask, sampler.completion_mask, strict=True)]  # fmt: skip
     assert sum(same) >= 0.75 * len(same)  # FP8 rounding changes a few samples; unpaired draws would change most
     assert res["settings"]["trained_sampler"] == "engine_fp32"
+    # full precision through the engine: the sampler is still the run's engine (BF16 on a GPU), scored on its own
+    full = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, quant="none"),
+                               output_dir=str(tmp_path / "static_none"))  # fmt: skip
+    train(full, log=lambda _: None)
+    drawn.clear()
+    fe.evaluate_final(full.output_dir, full, samples=2, held_samples=1)
+    assert len(drawn) == 3 and torch.equal(drawn[0].completion_ids, drawn[1].completion_ids)  # FP32 on the CPU
