@@ -239,17 +239,23 @@ def _check_runs(runs: list[Run], cfg: CompareConfig) -> None:
                                  f"re-run with the study's original overrides, or use a new out=")  # fmt: skip
 
 
-def finished(path: Path, max_steps: int) -> bool:
-    """Whether the run in `path` reached `max_steps` in its metrics, its latest checkpoint and its summary, so
-    the study need not start it again. Rows alone can run ahead of a checkpoint a crash cut short (the trainer drops
-    them on resume), and a summary can be left from an earlier, shorter finish of a run since extended."""
+def finished_rows(path: Path, max_steps: int) -> list[dict] | None:
+    """The metrics rows of the run in `path` if it reached `max_steps` in them, in its latest checkpoint and in its
+    summary (so the study need not start it again), else None. Rows alone can run ahead of a checkpoint a crash cut
+    short (the trainer drops them on resume), and a summary can be left from an earlier, shorter finish of a run
+    since extended."""
     rows = run_rows(path)
     if not rows or rows[-1]["step"] < max_steps or (latest_step(path) or 0) < max_steps:
-        return False
+        return None
     try:
-        return json.loads((path / "summary.json").read_text())["steps"] >= max_steps
+        return rows if json.loads((path / "summary.json").read_text())["steps"] >= max_steps else None
     except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
-        return False
+        return None
+
+
+def finished(path: Path, max_steps: int) -> bool:
+    """Whether the run in `path` is finished at `max_steps` (finished_rows)."""
+    return finished_rows(path, max_steps) is not None
 
 
 def run_study(cfg: CompareConfig, log=print) -> dict:
@@ -424,8 +430,8 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
     for run in runs:
         g = groups.setdefault(run.group, {"format": run.fmt, "method": run.method, "reference": run.reference,
                                           "runs": {}, "missing": []})  # fmt: skip
-        if finished(run.path(cfg.out), max_steps):  # not rows alone: a run killed saving its last step has them all
-            rows = run_rows(run.path(cfg.out))
+        rows = finished_rows(run.path(cfg.out), max_steps)  # not rows alone: a run killed saving its last step has them
+        if rows is not None:
             g["runs"][str(run.seed)] = summarize_run(rows[:max_steps], cfg.collapse_fraction, cfg.fall)
             g["runs"][str(run.seed)]["start"] = run_start(run.path(cfg.out))
             if cfg.final_samples > 0:  # only scores of this checkpoint and these settings
