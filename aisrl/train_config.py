@@ -297,7 +297,8 @@ def resolve_device(name: str) -> torch.device:
 
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and "LOCAL_RANK" in os.environ:
+    per_rank = name == "cuda" and "LOCAL_RANK" in os.environ
+    if per_rank:
         name = f"cuda:{os.environ['LOCAL_RANK']}"  # torchrun: one GPU per rank
     elif name == "cuda" and torch.cuda.is_available():
         name = f"cuda:{torch.cuda.current_device()}"  # an explicit index (torch.cuda.set_device needs one)
@@ -308,8 +309,13 @@ def resolve_device(name: str) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"device {name!r}: the trainer runs on cpu or cuda")
     if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
-        raise ValueError(f"device {name!r} asked for, but this machine has {torch.cuda.device_count()} CUDA "
-                         "devices; use device=cpu (or auto)")  # fmt: skip
+        n = torch.cuda.device_count()
+        if per_rank and n:  # more torchrun processes than GPUs
+            raise ValueError(f"torchrun rank LOCAL_RANK={os.environ['LOCAL_RANK']} trains on {name}, but this machine "
+                             f"has {n} CUDA devices; start at most {n} processes per node (--nproc_per_node={n}) "
+                             "or use device=cpu")  # fmt: skip
+        raise ValueError(f"device {name!r} asked for, but this machine has {n} CUDA devices; use device=cpu "
+                         "(or auto)")  # fmt: skip
     return dev
 
 

@@ -4,7 +4,8 @@ against Hugging Face `generate` in BF16, on randomly initialised Qwen3-8B- and Q
     python benchmarks/gpu_rollout.py [run] [shapes=qwen3-8b,qwen3-1.7b] [batches=16,64,128] [prompt=256] [new=512]
                                          [hf=1] [profile=1] [gemm=1] [accuracy=1]
                                          [out=benchmarks/results/gpu_rollout.json]
-    python benchmarks/gpu_rollout.py publish [out=benchmarks/results/gpu_rollout.json]   # -> BENCHMARKS.md
+    python benchmarks/gpu_rollout.py publish [out=benchmarks/results/gpu_rollout.json] [section=gpu_rollout]
+                                                                                           # -> BENCHMARKS.md
 
 A run writes its progress to OUT.partial and renames it over OUT only once it is done.
 
@@ -322,7 +323,9 @@ def run(shapes, batches, prompt, new, hf, prof, out_path, gemms=True, acc=True):
     return data
 
 
-def publish(out_path):
+def publish(out_path, section="gpu_rollout"):
+    """The run in `out_path` as the BENCHMARKS.md section `section` (another name keeps a re-check beside the
+    published table)."""
     import json
 
     data = json.loads(Path(out_path).read_text())
@@ -351,13 +354,15 @@ def publish(out_path):
         vs_hf = f"{r['tok_s'] / hf:.2f}x" if hf else ""
         lines.append(f"| {r['shape']} | {r['batch']} | {r['variant']} | {r['tok_s']:.0f} | {r['seconds']:.1f} | "
                      f"{f(r, 'decode_step_ms')} | {f(r, 'floor_step_ms')} | {vs_ours} | {vs_hf} |")  # fmt: skip
-    lines += [
-        "",
-        "Accuracy of the next-token distribution on 64 prefixes (16-255 tokens) of each variant against a reference:",
-        "",
-        "| shape | variant | reference | rel. L2 logit error | KL(reference \\|\\| variant) | top-1 agreement |",
-        "|---|---|---|---|---|---|",
-    ]
+    if data["accuracy"]:
+        lines += [
+            "",
+            "Accuracy of the next-token distribution on 64 prefixes (16-255 tokens) of each variant against a "
+            "reference:",
+            "",
+            "| shape | variant | reference | rel. L2 logit error | KL(reference \\|\\| variant) | top-1 agreement |",
+            "|---|---|---|---|---|---|",
+        ]
     for a in data["accuracy"]:
         if a["variant"] != a["vs"] and not (a["variant"] == "bf16" and a["vs"] == "ours_bf16"):
             lines.append(f"| {a['shape']} | {a['variant']} | {a['vs']} | {a['rel_l2']:.2e} | {a['kl']:.2e} | "
@@ -390,18 +395,18 @@ def publish(out_path):
             c = p["ms_per_step"]
             lines.append(f"| {p['shape']} | {p['variant']} | {c.get('gemm', 0):.2f} | {c.get('attention', 0):.2f} | "
                          f"{c.get('elementwise/other', 0):.2f} | {p['kernels_per_step']:.0f} |")  # fmt: skip
-    update_section(ROOT / "BENCHMARKS.md", "gpu_rollout", "\n".join(lines))
+    update_section(ROOT / "BENCHMARKS.md", section, "\n".join(lines))
 
 
 COMMANDS = {"run": ("shapes", "batches", "prompt", "new", "hf", "profile", "out", "gemm", "accuracy"),
-            "publish": ("out",)}
+            "publish": ("out", "section")}
 
 
 def main(argv: list[str]) -> None:
     what, kw = subcommand(argv, COMMANDS)
     out = kw.get("out", str(ROOT / "benchmarks/results/gpu_rollout.json"))
     if what == "publish":
-        publish(out)
+        publish(out, kw.get("section", "gpu_rollout"))
     else:
         ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
         run(kw.get("shapes", "qwen3-8b,qwen3-1.7b").split(","), ints(kw.get("batches", "16,64,128")),

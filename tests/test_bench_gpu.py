@@ -15,14 +15,31 @@ def test_rollout_options_reach_the_run_and_a_misspelt_subcommand_runs_nothing(mo
     gr = load_benchmark("gpu_rollout")
     calls = []
     monkeypatch.setattr(gr, "run", lambda *a: calls.append(("run", a)))
-    monkeypatch.setattr(gr, "publish", lambda out: calls.append(("publish", out)))
+    monkeypatch.setattr(gr, "publish", lambda out, section: calls.append(("publish", out, section)))
     gr.main(["shapes=qwen3-1.7b", "batches=8"])  # before: 'shapes=qwen3-1.7b' was taken as the subcommand, dropped
     [(what, args)] = calls
     assert what == "run" and args[0] == ["qwen3-1.7b"] and args[1] == [8]
     with pytest.raises(SystemExit, match=r"unknown command 'pubish'; choose from \['run', 'publish'\]"):
         gr.main(["pubish"])  # before: a full run, replacing the published results
     gr.main(["publish", "out=o.json"])
-    assert calls[1:] == [("publish", "o.json")]
+    gr.main(["publish", "out=h.json", "section=recheck"])
+    assert calls[1:] == [("publish", "o.json", "gpu_rollout"), ("publish", "h.json", "recheck")]
+
+
+def test_rollout_publish_writes_a_throughput_only_run_into_its_own_section(tmp_path, monkeypatch):
+    gr = load_benchmark("gpu_rollout")
+    written = {}
+    monkeypatch.setattr(gr, "update_section", lambda path, name, text: written.update({name: text}))
+    row = dict(shape="qwen3-8b", batch=64, seconds=4.0, prefill_s=0.5, floor_step_ms=3.0)
+    data = {"machine": {"cuda": "GPU X", "torch": "2.11"}, "triton": "3.6", "command": "python gpu_rollout.py run",
+            "prompt": 256, "new_tokens": 512, "copy_bandwidth_TBs": 4.19, "accuracy": [], "profile": [],
+            "throughput": [{**row, "variant": "bf16", "tok_s": 8000.0, "decode_step_ms": 7.0},
+                           {**row, "variant": "fp8_w8a8", "tok_s": 10000.0, "decode_step_ms": 5.6}]}  # fmt: skip
+    (tmp_path / "r.json").write_text(json.dumps(data))
+    gr.publish(tmp_path / "r.json", "gpu_rollout_recheck")
+    text = written["gpu_rollout_recheck"]
+    assert "| qwen3-8b | 64 | fp8_w8a8 | 10000 | 4.0 | 5.60 | 3.00 | 1.25x |  |" in text  # 10000 / 8000
+    assert "GPU X" in text and "4.19 TB/s" in text and "Accuracy" not in text  # no accuracy rows: no empty table
 
 
 def _fake_variant_runs(gg, monkeypatch, failing: str):

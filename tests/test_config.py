@@ -2,6 +2,7 @@ import typing
 from dataclasses import asdict, dataclass, field
 
 import pytest
+import torch
 
 from aisrl.config import apply_mapping, apply_overrides, field_docs
 
@@ -183,3 +184,22 @@ def test_every_training_and_study_key_is_documented():
         undocumented = [k for k, (_, doc) in field_docs(cls).items() if not doc]
         assert not undocumented, f"{cls.__name__}: {undocumented}"
     assert field_docs(TrainConfig)["rollout.quant"][0] == "fp8_e4m3_w8a8"
+
+
+def test_more_torchrun_ranks_than_gpus_is_refused_with_the_process_count_to_use(monkeypatch):
+    from aisrl.train_config import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert resolve_device("auto") == torch.device("cuda:0")  # rank 0 takes the GPU
+    monkeypatch.setenv("LOCAL_RANK", "1")  # before: "device 'cuda:1' asked for ...; use device=cpu (or auto)"
+    with pytest.raises(ValueError, match=r"LOCAL_RANK=1 trains on cuda:1, but this machine has 1 CUDA devices; "
+                                         r"start at most 1 processes per node \(--nproc_per_node=1\)"):  # fmt: skip
+        resolve_device("auto")
+    assert resolve_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ValueError, match=r"device 'cuda:1' asked for, but this machine has 0 CUDA devices"):
+        resolve_device("cuda")
+    assert resolve_device("auto") == torch.device("cpu")

@@ -440,4 +440,5 @@ def test_inputs_from_another_device_are_brought_to_the_trainers():
     old = torch.full((2, 3), -1.0, device="cuda")
     roll, mask = torch.full((2, 3), -1.2), torch.ones(2, 3, dtype=torch.bool)  # from a CPU-side rollout
     res = correct("ais", old, roll, mask)
-    assert res.weights.device == old.device and res.weights.cpu().equal(correct("ais", old.cpu(), roll, mask).weights)
+    assert res.weights.device == old.device
+    torch.testing.assert_close(res.weights.cpu(), correct("ais", old.cpu(), roll, mask).weights)  # exp's rounding

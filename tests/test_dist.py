@@ -16,7 +16,8 @@ HERE = Path(__file__).parent
 @pytest.mark.slow
 def test_torchrun_two_processes_match_single_process(tmp_path):
     out = tmp_path / "dist.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+    path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))  # keep the caller's (aisrl's)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(HERE / "dist_worker.py"), str(out)]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -8,7 +8,7 @@ import torch
 
 from aisrl.engine import Engine
 from aisrl.engine_ops import _ONEDNN, Linear, counter_uniform
-from aisrl.kernels import decode_attention, decode_attention_ref, kernel_supports
+from aisrl.kernels import decode_attention, decode_attention_ref, kernel_supports, triton_available
 from aisrl.models import tiny_model
 from aisrl.quant import FakeQuantLinear, quant_config, quantize_
 from aisrl.rollout import SamplingParams, generate, logprobs
@@ -254,3 +254,18 @@ def test_cuda_fp8_gemm_matches_fake_quant():
     ours.load([lin.weight.detach().cuda()], None)
     y = ours(x.cuda()).float().cpu()  # one torch._scaled_mm
     assert ((y - ref).norm() / ref.norm()).item() < 1e-2  # BF16 output rounding
+
+
+@cuda
+def test_cuda_fp32_engine_keeps_fp32_attention_and_matches_the_cpu():
+    # the Triton kernel computes in BF16: an FP32 engine (the final evaluation's) must take the FP32 reference
+    model = tiny_model("tiny-qwen3", hidden=128)
+    assert Engine(copy.deepcopy(model).cuda(), None, max_len=64).use_kernel == triton_available()  # BF16 default
+    gpu = Engine(copy.deepcopy(model).cuda(), None, max_len=64, dtype=torch.float32)
+    assert gpu.dtype == torch.float32 and not gpu.use_kernel
+    params = SamplingParams(24)
+    a = gpu.generate(PROMPTS, params, seeds=[1, 2, 3], eos_id=2)
+    b = Engine(model, None, max_len=64).generate(PROMPTS, params, seeds=[1, 2, 3], eos_id=2)  # FP32 on the CPU
+    # the same uniforms through FP32 on both sides: equal draws, log-probs equal to FP32 rounding
+    assert torch.equal(a.completion_ids.cpu(), b.completion_ids)
+    torch.testing.assert_close(a.rollout_logp.cpu(), b.rollout_logp, atol=1e-4, rtol=0)

@@ -44,13 +44,13 @@ def test_scores_the_checkpoint_with_the_runs_prompts_and_sampler(tmp_path, monke
     (trained, pool, k1), (rollout, pool2, k2), (trained2, held, k3) = calls
     assert (k1, k2, k3) == (3, 3, 5) and trained is trained2 and pool == pool2
     for k, v in trained.state_dict().items():  # the final checkpoint's weights, not the warm start
-        assert torch.equal(v, ckpt[k]), k
+        assert torch.equal(v.cpu(), ckpt[k]), k
     _, _, task, _ = build(cfg)
     assert pool == [p.question for p in task.problems("train", cfg.train_problems, seed=cfg.seed)]
     assert held == [p.question for p in task.problems("test", cfg.eval_problems, seed=cfg.seed + 1)]
     # the sampler is the run's MXFP4 copy of those weights: quantised, so not equal to them
     w = "model.layers.0.mlp.down_proj.weight"
-    q = dict(rollout.named_buffers())[w]  # the fake-quantised copy keeps its linear weights as buffers
+    q = dict(rollout.named_buffers())[w].cpu()  # the fake-quantised copy keeps its linear weights as buffers
     assert rollout is not trained and not torch.equal(q, ckpt[w])
     assert (q - ckpt[w]).abs().max() < 0.5 * ckpt[w].abs().max()  # a rounding of the checkpoint, not other weights
 
@@ -167,20 +167,31 @@ def test_a_local_dataset_enters_the_cached_settings_by_its_contents(tmp_path):
     assert _settings("s", "w", gone, 4, 8)["dataset_sha256"] == "missing"
 
 
-def test_a_static_engine_run_scores_both_sides_through_the_engine_so_equal_seeds_pair(tmp_path, monkeypatch):
-    # the static engine draws its own random numbers: an HF-sampled trained model would share no draws with it
-    cfg = load_config("lab", [*TINY_LAB, "max_steps=1", "rollout.engine=static", "rollout.quant=fp8_e4m3_w8a8",
-                              f"output_dir={tmp_path / 'static'}"])  # fmt: skip
-    train(cfg, log=lambda _: None)
+def _record_rollouts(monkeypatch) -> list:
+    """The rollouts final evaluation scores, in order (trained model, then the run's sampler, then held-out)."""
     import aisrl.trainer
 
     drawn, real = [], aisrl.trainer.task_rewards
     monkeypatch.setattr(aisrl.trainer, "task_rewards", lambda task, tok, r, p: drawn.append(r) or real(task, tok, r, p))
+    return drawn
+
+
+def _same_completions(a, b) -> float:
+    """Fraction of rows where two rollouts drew the same completion."""
+    same = [torch.equal(x[m], y[m2]) for x, y, m, m2 in zip(a.completion_ids, b.completion_ids, a.completion_mask,
+            b.completion_mask, strict=True)]  # fmt: skip
+    return sum(same) / len(same)
+
+
+def test_a_static_engine_run_scores_both_sides_through_the_engine_so_equal_seeds_pair(tmp_path, monkeypatch):
+    # the static engine draws its own random numbers: an HF-sampled trained model would share no draws with it
+    cfg = load_config("lab", [*TINY_LAB, "max_steps=1", "device=cpu", "rollout.engine=static",
+                              "rollout.quant=fp8_e4m3_w8a8", f"output_dir={tmp_path / 'static'}"])  # fmt: skip
+    train(cfg, log=lambda _: None)
+    drawn = _record_rollouts(monkeypatch)
     res = fe.evaluate_final(cfg.output_dir, cfg, samples=4, held_samples=1)
-    trained, sampler = drawn[0], drawn[1]
-    same = [torch.equal(a[m], b[m2]) for a, b, m, m2 in zip(trained.completion_ids, sampler.completion_ids,
-            trained.completion_mask, sampler.completion_mask, strict=True)]  # fmt: skip
-    assert sum(same) >= 0.75 * len(same)  # FP8 rounding changes a few samples; unpaired draws would change most
+    # FP8 rounding changes a few samples; unpaired draws would change most
+    assert _same_completions(drawn[0], drawn[1]) >= 0.75
     assert res["settings"]["trained_sampler"] == "engine_fp32"
     # full precision through the engine: the sampler is still the run's engine (BF16 on a GPU), scored on its own
     full = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, quant="none"),
@@ -189,3 +200,16 @@ def test_a_static_engine_run_scores_both_sides_through_the_engine_so_equal_seeds
     drawn.clear()
     fe.evaluate_final(full.output_dir, full, samples=2, held_samples=1)
     assert len(drawn) == 3 and torch.equal(drawn[0].completion_ids, drawn[1].completion_ids)  # FP32 on the CPU
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_static_engine_run_on_the_gpu_is_scored_through_an_fp32_engine_there(tmp_path, monkeypatch):
+    # on a GPU the sampler is real FP8 with BF16 activations and the trained model an FP32 engine on the same
+    # device: the two still share their random numbers, so most completions pair
+    cfg = load_config("lab", [*TINY_LAB, "max_steps=1", "device=cuda", "rollout.engine=static",
+                              "rollout.quant=fp8_e4m3_w8a8", f"output_dir={tmp_path / 'gpu'}"])  # fmt: skip
+    train(cfg, log=lambda _: None)
+    drawn = _record_rollouts(monkeypatch)
+    res = fe.evaluate_final(cfg.output_dir, cfg, samples=4, held_samples=1)
+    assert res["settings"]["trained_sampler"] == "engine_fp32"
+    assert _same_completions(drawn[0], drawn[1]) >= 0.5

@@ -36,7 +36,11 @@ def _values():
 def test_e4m3_equals_torch_float8_cast_bit_for_bit():
     x = _values()
     ours = fake_float(x, "e4m3")
-    torch.testing.assert_close(ours, x.to(torch.float8_e4m3fn).float(), rtol=0, atol=0)
+    # torch's cast past the range differs by version (NaN in 2.11, saturation in 2.13): compare within the range,
+    # and check that ours saturates there, as the engine's clamp-then-cast does
+    inside = x.abs() <= 448
+    torch.testing.assert_close(ours[inside], x[inside].to(torch.float8_e4m3fn).float(), rtol=0, atol=0)
+    assert torch.equal(ours[~inside], 448 * x[~inside].sign()) and (~inside).sum() > 80_000
 
 
 def test_e5m2_equals_torch_cast_with_saturation():

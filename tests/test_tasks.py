@@ -1,5 +1,6 @@
 """Reward functions on hand-made completions; splits; generators produce solvable problems."""
 
+import importlib.util
 import json
 import re
 import sys
@@ -284,8 +285,9 @@ def test_a_numeric_answer_among_plain_words_is_that_number():
     from aisrl.tasks import JsonlMath, Problem
 
     task = JsonlMath.__new__(JsonlMath)  # check() needs no file
+    symbolic = importlib.util.find_spec("math_verify") is not None  # without it, non-integers compare as exact text
     for gold, answer, right in [("18", "18 dollars", True), ("1000", "1,000 dollars", True), ("18", "It is 18.", True),
                                 ("-18", "It is -18", True), ("18", "17 dollars", False), ("18", "18 and 19", False),
-                                ("18", "18x", False), ("x+1", "x + 1", True), ("71", "7,1", False),
+                                ("18", "18x", False), ("x+1", "x + 1", symbolic), ("71", "7,1", False),
                                 ("123", "1,2,3", False), ("1234", "1,234", True)]:  # fmt: skip
         assert task.check(answer, Problem("q", gold)) is right, (gold, answer)

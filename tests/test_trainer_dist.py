@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import TINY_LAB, untimed
 
-TINY = [*TINY_LAB, "max_steps=2", "micro_batch=4"]
+TINY = [*TINY_LAB, "max_steps=2", "micro_batch=4", "device=cpu"]  # gloo on the CPU, also on a 1-GPU machine
 
 
 def _run(cmd, env):
@@ -59,7 +59,8 @@ def test_a_torchrun_resume_is_exact_with_dropout(tmp_path):
     script = tmp_path / "boot.py"
     script.write_text(boot)
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), "train",
-           "lab", *TINY_LAB, "micro_batch=4", "lora.r=4", "lora.dropout=0.3", "checkpoint_every=1"]  # fmt: skip
+           "lab", *TINY_LAB, "device=cpu", "micro_batch=4", "lora.r=4", "lora.dropout=0.3",
+           "checkpoint_every=1"]  # fmt: skip
     _run([*run, "max_steps=3", f"output_dir={tmp_path / 'full'}"], env)
     _run([*run, "max_steps=2", f"output_dir={tmp_path / 'resumed'}"], env)
     _run([*run, "max_steps=3", f"output_dir={tmp_path / 'resumed'}"], env)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One device call that shakes out the GPU paths: the whole test suite on a CUDA machine (the trainer's
+# device=auto takes the GPU there, so every trainer test runs on it), then the engine's decode throughput at
+# batch 64 on the Qwen3-8B shape (BF16 against the FP8 variants, one process). Logs and JSON go to $OUT.
+#
+#   OUT=runs/gpu_check bash benchmarks/gpu_check.sh [test_seconds=300] [bench_seconds=200]
+#
+# Tests whose optional packages are missing there (trl, math-verify, reasoning-gym, gguf) skip or fail on
+# import; read the log's FAILED lines for anything else.
+set -uo pipefail
+OUT=${OUT:-runs/gpu_check}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
+PY=${PY:-python3}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
+$PY -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
+'transformers', transformers.__version__)" | tee -a "$OUT/machine.txt"
+t0=$(date +%s)
+timeout "${1:-300}" $PY -m pytest -q -n 8 --timeout 240 -p no:cacheprovider -rfEs --junitxml="$OUT/tests.xml" \
+    tests >"$OUT/tests.log" 2>&1
+echo "tests rc=$? in $(($(date +%s) - t0)) s"
+grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | cut -c1-220 | head -40
+tail -1 "$OUT/tests.log"
+t0=$(date +%s)
+timeout "${2:-200}" $PY benchmarks/gpu_rollout.py run shapes=qwen3-8b batches=64 hf=0 gemm=0 accuracy=0 profile=0 \
+    out="$OUT/gpu_rollout.json" >"$OUT/bench.log" 2>&1
+echo "bench rc=$? in $(($(date +%s) - t0)) s"
+grep -E "variant|error|Error" "$OUT/bench.log" | cut -c1-300 | tail -8
