@@ -122,6 +122,8 @@ class DiffusionParams:
             raise ValueError(f"steps={self.steps} must be a positive multiple of the number of blocks ({blocks})")
         if self.remasking not in ("low_confidence", "random"):
             raise ValueError(f"unknown remasking {self.remasking!r}; choose from ['low_confidence', 'random']")
+        if not self.temperature >= 0:  # NaN too; below 0 the sampler would silently take the argmax
+            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 = argmax)")
 
 
 def transfer_schedule(n_masked: torch.Tensor, steps: int) -> torch.Tensor:
@@ -204,4 +206,4 @@ def diffusion_logprobs(model, x: torch.Tensor, attn: torch.Tensor, prompt_len: i
     logits = model(noisy.to(device), attention_mask=attn.to(device)).logits[:, prompt_len:].float()  # (B, T, V)
     target = x[:, prompt_len:].to(device)
     logp = logits.log_softmax(-1).gather(-1, target[..., None]).squeeze(-1).to(x.device)  # (B, T)
-    return torch.where(completion_mask, logp, 0.0)
+    return torch.where(completion_mask.bool().to(logp.device), logp, 0.0)  # a 0/1 mask too

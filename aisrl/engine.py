@@ -27,7 +27,6 @@ like aisrl.rollout.generate (different random streams: the two engines sample di
 
 from __future__ import annotations
 
-import numbers
 import time
 from dataclasses import dataclass
 
@@ -36,8 +35,8 @@ import torch
 from aisrl.engine_ops import E4M3_MAX, STAGES, CompiledStage, Linear, prefill_attention
 from aisrl.kernels import decode_attention, kernel_supports, triton_available
 from aisrl.lora import merged_state
-from aisrl.quant import PRESETS, QuantConfig, check_keep, is_kept, quant_config
-from aisrl.rollout import Rollout, SamplingParams, _positions, device_of, left_pad
+from aisrl.quant import PRESETS, QuantConfig, _amax_scale, check_keep, is_kept, quant_config
+from aisrl.rollout import Rollout, SamplingParams, _positions, device_of, eos_list, left_pad
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -158,14 +157,16 @@ class Engine:
         self.eps, self.sm_scale = cfg.rms_norm_eps, self.D**-0.5
         self.pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else 0
         self.eos_id = cfg.eos_token_id
+        self.tied = bool(getattr(cfg, "tie_word_embeddings", False))  # the head is the embedding: no lm_head tensor
         V = state[f"{prefix}embed_tokens.weight"].shape[0]
         if qc is not None:
             dims = {"hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
                     "heads * head_dim": self.H * self.D, "kv_heads * head_dim": self.Hk * self.D}  # fmt: skip
             _check_fp8_device(self.device, dims | ({"vocab_size": V} if qc.lm_head else {}))
-        head_fp8 = qc.granularity if qc and qc.lm_head else None
-        if qc is not None:
-            check_keep(qc, [n.removesuffix(".weight") for n in state if n.endswith("_proj.weight")], "linear layers")
+        head_fp8 = qc.granularity if qc and qc.lm_head and not is_kept("lm_head", qc) else None
+        if qc is not None:  # the names quantize_ matches keep against: the fake-quant copy keeps the same layers
+            names = [n.removesuffix(".weight") for n in state if n.endswith("_proj.weight")]
+            check_keep(qc, names + (["lm_head"] if qc.lm_head else []), "linear layers")
         self.prefix, self.layers = prefix, []
         for i in range(cfg.num_hidden_layers):
             p = f"{prefix}layers.{i}."
@@ -224,7 +225,8 @@ class Engine:
                 self._small(n, take(n))
         self._small("embed", take(f"{p}embed_tokens.weight"))
         self._small("norm", take(f"{p}norm.weight"))
-        self.head.load([take("lm_head.weight") if "lm_head.weight" in state else self.small["embed"]], None)
+        tied = self.tied and "lm_head.weight" not in state  # an untied model missing its head is refused by take
+        self.head.load([self.small["embed"] if tied else take("lm_head.weight")], None)
 
     def _small(self, name, value):
         if name in self.small:
@@ -261,7 +263,7 @@ class Engine:
                 _, _, _, k, v = f["qkv"](qkv, qn, kn, cos, sin, st.ks[i], st.vs[i], (B, S, H, Hk, D), eps, False)
                 for t, sc in ((k, st.ks[i]), (v, st.vs[i])):
                     amax = t.abs().masked_fill(~valid[:, :, None, None], 0).amax(dim=(1, 3)).float()  # (B, Hk)
-                    sc.copy_(torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax)))
+                    sc.copy_(_amax_scale(amax, E4M3_MAX))  # 1 where amax is 0 or underflows; NaN stays NaN
             q, kq, vq, _, _ = f["qkv"](qkv, qn, kn, cos, sin, st.ks[i], st.vs[i], (B, S, H, Hk, D), eps, self.kv_fp8)
             if valid is None:
                 for cache, new in ((st.k[i], kq), (st.v[i], vq)):  # FP8 bytes copied as bytes (CPU has no FP8 copy)
@@ -360,7 +362,7 @@ class Engine:
         seeds = list(range(B)) if seeds is None else list(seeds)
         if len(seeds) != B:
             raise ValueError(f"need one seed per prompt: {len(seeds)} seeds for {B} prompts")
-        eos = [int(eos_id)] if isinstance(eos_id, numbers.Integral) else [int(e) for e in eos_id or []]
+        eos = eos_list(eos_id)
         st = self._state(B, len(eos))
         graph = self._graph(st, params) if self.cuda_graphs else None
         dev = self.device
@@ -399,6 +401,8 @@ class Engine:
     def next_logits(self, prompts: list[list[int]], pad_id: int = 0) -> torch.Tensor:
         """(B, V) FP32 logits of the token after each prompt (one prefill): for accuracy checks across formats."""
         ids, pmask = left_pad(prompts, pad_id)
+        if ids.shape[1] > self.max_len:
+            raise ValueError(f"prompt width {ids.shape[1]} exceeds the engine's max_len={self.max_len}")
         st = self._state(len(prompts), 0)
         ids, pmask = ids.to(self.device), pmask.to(self.device)
         h = self._layers(self.small["embed"][ids], _positions(pmask), st, valid=pmask)

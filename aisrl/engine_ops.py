@@ -43,7 +43,7 @@ class Linear:
     """One or several fused nn.Linear weights (concatenated along the output), full precision or FP8 W8A8."""
 
     def __init__(self, n_out: int, n_in: int, bias: bool, fp8: str | None, dtype, device):
-        self.fp8 = fp8  # None, "channel" or "tensor"
+        self.fp8, self.dtype = fp8, dtype  # fp8: None, "channel" or "tensor"; dtype: of the output, as of the engine
         self.w = torch.empty(n_out, n_in, dtype=torch.float8_e4m3fn if fp8 else dtype, device=device)
         self.s = torch.empty(1, n_out, device=device) if fp8 else None  # per output row FP32 scale
         self.b = torch.empty(n_out, dtype=dtype, device=device) if bias else None
@@ -70,9 +70,9 @@ class Linear:
         xq, sx = (x if isinstance(x, tuple) else fp8_rows(x)) if self.fp8 else (x, None)
         if self.packed is not None and xq.shape[0] <= _PACKED_MAX_ROWS:  # CPU decode sizes
             y = torch.ops.mkldnn._linear_pointwise(xq.float(), self.packed, None, "none", [], "")
-            y = y if sx is None else y * sx * self.s  # the FP8 scales, outside the FP32 sum as in _fp8_mm
+            y = (y if sx is None else y * sx * self.s).to(self.dtype)  # the FP8 scales outside the sum, as in _fp8_mm
         elif self.fp8:
-            y = _fp8_mm(xq, sx, self.w, self.s, _OUT_DTYPE[xq.device.type])
+            y = _fp8_mm(xq, sx, self.w, self.s, self.dtype)
         else:
             y = x @ self.w.t()
         return y if self.b is None else y + self.b
@@ -82,14 +82,13 @@ class Linear:
 # (2-core AMD EPYC), while MKL is faster on prefill-sized inputs (thousands of rows)
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 _PACK_ROWS, _PACKED_MAX_ROWS = 64, 512
-_OUT_DTYPE = {"cuda": torch.bfloat16, "cpu": torch.float32}
 
 
 def _fp8_mm(xq, sx, w, sw, out_dtype):
     """(xq sx)(w sw)^T with FP32 accumulation: one `torch._scaled_mm` on CUDA; on the CPU the same sum in FP32 (CPU
-    builds of torch may only take per-tensor scales)."""
+    builds of torch may only take per-tensor scales). Row-wise scales give BF16 out on CUDA, cast to `out_dtype`."""
     if xq.is_cuda:
-        return torch._scaled_mm(xq, w.t(), scale_a=sx, scale_b=sw, out_dtype=out_dtype)
+        return torch._scaled_mm(xq, w.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16).to(out_dtype)
     return ((xq.float() @ w.float().t()) * sx * sw).to(out_dtype)
 
 

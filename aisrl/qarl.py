@@ -63,9 +63,8 @@ def align_(model: nn.Module, cfg: QuantConfig) -> nn.Module:
     (the layers `quantize_` would quantise: all but the output head unless cfg.lm_head, and those cfg.keep
     leaves in full precision). In place."""
     for _, mod in quant_targets(model, cfg):
-        if not isinstance(mod, AlignedLinear):
-            mod.__class__ = AlignedLinear
-            mod.qcfg = cfg
+        mod.__class__ = AlignedLinear
+        mod.qcfg = cfg  # an already aligned layer takes the new format too
     return model
 
 

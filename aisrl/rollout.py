@@ -153,6 +153,17 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, S)
 
 
+def eos_list(eos_id) -> list[int]:
+    """The end-of-sequence ids as a list: from None (none), an int, a 0-d or 1-d tensor or array, or a sequence."""
+    if eos_id is None:
+        return []
+    if isinstance(eos_id, numbers.Integral):
+        return [int(eos_id)]
+    if hasattr(eos_id, "tolist"):  # a tensor or array; its truth value is no test of emptiness (tensor([0]))
+        return [int(e) for e in torch.as_tensor(eos_id).flatten().tolist()]
+    return [int(e) for e in eos_id]
+
+
 def device_of(model) -> torch.device:
     """Where a model's weights are (the CPU for a weightless toy model): inputs go there, results come back."""
     p = next(model.parameters(), None) if isinstance(model, torch.nn.Module) else None
@@ -186,9 +197,7 @@ def generate(
         kv_cache_fp8 = bool(getattr(getattr(model, "quant_config", None), "kv_cache", False))
     cfg = model.config
     pad_id = pad_id if pad_id is not None else (cfg.pad_token_id if cfg.pad_token_id is not None else 0)
-    eos = eos_id if eos_id is not None else cfg.eos_token_id
-    single = isinstance(eos, numbers.Integral) or (isinstance(eos, torch.Tensor) and eos.dim() == 0)
-    eos = torch.tensor([int(eos)] if single else [int(e) for e in eos or []], dtype=torch.long)
+    eos = torch.tensor(eos_list(eos_id if eos_id is not None else cfg.eos_token_id), dtype=torch.long)
     if params.stop and tokenizer is None:
         raise ValueError("stop strings need the tokenizer: generate(..., tokenizer=tok)")
     device = device_of(model)
@@ -334,8 +343,8 @@ def logprobs(
     body, head, finish = model.get_decoder(), model.get_output_embeddings(), _logit_finish(model)
     device = device_of(model)
     (B, P), T = prompt_ids.shape, completion_ids.shape[1]
-    if T == 0:  # no completion columns: nothing to score (and nothing to differentiate)
-        return torch.zeros(B, 0, device=completion_mask.device)
+    if T == 0 or B == 0:  # nothing to score (and nothing to differentiate)
+        return torch.zeros(B, T, device=completion_mask.device)
     ends = _ends(completion_mask)  # (B,)
     order = _order(prompt_mask, ends)  # = length_order(prompt_mask, completion_mask)
     parts = []

@@ -425,6 +425,12 @@ def validate(cfg: TrainConfig) -> None:
         if cfg.rollout.top_k or cfg.rollout.top_p != 1.0:
             raise ValueError("the diffusion sampler draws from the tempered distribution without top-k/top-p "
                              "filters: leave rollout.top_k=0 and rollout.top_p=1 for model.kind=diffusion")  # fmt: skip
+        if not cfg.rollout.temperature > 0:  # the argmax would give a group G equal completions: no advantage
+            raise ValueError(f"rollout.temperature={cfg.rollout.temperature}: training samples, so it must be > 0 "
+                             "(GRPO compares different completions of one prompt)")  # fmt: skip
+        if cfg.rollout.quant in PRESETS and PRESETS[cfg.rollout.quant].kv_cache:
+            raise ValueError(f"rollout.quant={cfg.rollout.quant!r} quantises a KV cache, which a diffusion model "
+                             "(bidirectional, no cache) does not have; use the preset without _kv")  # fmt: skip
     if cfg.group_size < 2:
         raise ValueError("group_size must be >= 2 (GRPO advantages compare completions of one prompt)")
     resolve_device(cfg.device)  # raises on a bad name or a GPU that is not there

@@ -342,6 +342,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
         # 4. mu epochs of the clipped loss over micro-batches, one optimizer step per epoch
         t0 = time.perf_counter()
         loss_metrics = _update(cfg, model, ref, opt, r, old_logp, adv, res, score, policy.order(r))
+        if loss_metrics["update_skipped"] == 1.0:  # nothing moved: no update for the guard to undo next step
+            guard.forget()
         with warnings.catch_warnings():  # a skipped update (nothing left to train on) still advances the schedule
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
             sched.step()

@@ -126,9 +126,12 @@ def _grad_norm(params: list[torch.Tensor]) -> float:
 
 def _update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
     """mu epochs of accumulate_gradient, one optimizer step after each. Metrics are means over epochs; the
-    seconds (time_forward, time_backward, time_optimizer: gradient clipping and the optimizer step) are totals."""
+    seconds (time_forward, time_backward, time_optimizer: gradient clipping and the optimizer step) are totals.
+    An epoch takes no step when every token is rejected (Adam's momentum would still move the weights) or when the
+    gradient is not finite (one inf would turn the weights NaN for good, clipped or not); `update_skipped` is the
+    fraction of epochs that took none."""
     (tok_total,) = all_sum(res.mask.sum().double())
-    acc: dict[str, float] = {"time_optimizer": 0.0}
+    acc: dict[str, float] = {"time_optimizer": 0.0, "update_skipped": 0.0}
     for _ in range(cfg.epochs):
         opt.zero_grad()
         for k, v in accumulate_gradient(cfg, model, ref, r, old_logp, adv, res, score, order).items():
@@ -140,10 +143,11 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
         else:  # off: measured and logged only (clipping to inf would scale a non-finite gradient's every value to NaN)
             norm = _grad_norm(params_)
         acc["grad_norm"] = acc.get("grad_norm", 0.0) + norm / cfg.epochs  # a mean over epochs, like the rest
-        if tok_total > 0:  # every token rejected: no step, or Adam's momentum would still move the weights
+        if tok_total > 0 and math.isfinite(norm):  # after an all-reduce every rank sees the same norm
             opt.step()
+        else:
+            acc["update_skipped"] += 1 / cfg.epochs
         acc["time_optimizer"] += _clock(model) - t0
-    acc["update_skipped"] = float(tok_total == 0)
     return acc
 
 
@@ -192,9 +196,14 @@ class MismatchGuard:
         """Copy what an update changes: the trainable weights and the buffers (not a LoRA model's frozen base), and
         the optimizer state."""
         if self.factor > 0:
-            frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+            params = model.named_parameters(remove_duplicate=False)  # a tied frozen weight under both its names
+            frozen = {name for name, p in params if not p.requires_grad}
             weights = {k: v.detach().clone() for k, v in model.state_dict().items() if k not in frozen}
             self.saved = (weights, copy.deepcopy(opt.state_dict()))
+
+    def forget(self) -> None:
+        """Drop the undo copy: the step it was saved for made no update, so a later jump is not that step's."""
+        self.saved = None
 
     def restore(self, model, opt) -> bool:
         """Back to the weights before the last update; False if there is none."""

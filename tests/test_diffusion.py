@@ -107,6 +107,7 @@ def test_d1_logprobs_match_a_hand_computation_and_are_seeded():
             want = row[int(x[b, p + j])] - log_z if cmask[b, j] else 0.0
             assert got[b, j].item() == pytest.approx(want, abs=1e-6)
     assert torch.equal(got, diffusion_logprobs(Toy(p), x, attn, p, cmask, mask_id=MASK, p_mask=0.5, seed=7))
+    assert torch.equal(got, diffusion_logprobs(Toy(p), x, attn, p, cmask.long(), mask_id=MASK, p_mask=0.5, seed=7))
     other = diffusion_logprobs(Toy(p), x, attn, p, cmask, mask_id=MASK, p_mask=0.5, seed=8)
     assert not torch.equal(got, other)  # another seed masks other prompt tokens (the toy counts them)
     one = diffusion_logprobs(Toy(p), x[1:], attn[1:], p, cmask[1:], mask_id=MASK, p_mask=0.5, seed=7)
@@ -141,6 +142,9 @@ def test_bad_generation_parameters_are_named():
         DiffusionParams(gen_length=8, block_length=-8)
     with pytest.raises(ValueError, match="unknown remasking 'best'"):
         DiffusionParams(remasking="best")
+    for bad in (-1.0, float("nan")):  # before: taken as the argmax
+        with pytest.raises(ValueError, match=r"temperature=.* must be >= 0 \(0 = argmax\)"):
+            DiffusionParams(temperature=bad)
 
 
 def test_the_tiny_model_and_d1_log_probs_do_not_see_the_padding():

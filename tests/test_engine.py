@@ -2,6 +2,7 @@
 GEMMs, the Triton decode kernel, CUDA graphs) checked against the CPU when a GPU is present."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -9,8 +10,9 @@ import torch
 from aisrl.engine import Engine
 from aisrl.engine_ops import _ONEDNN, Linear, counter_uniform
 from aisrl.kernels import decode_attention, decode_attention_ref, kernel_supports, triton_available
+from aisrl.lora import merged_state
 from aisrl.models import tiny_model
-from aisrl.quant import FakeQuantLinear, quant_config, quantize_
+from aisrl.quant import FakeQuantLinear, QuantConfig, quant_config, quantize_
 from aisrl.rollout import SamplingParams, generate, logprobs
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18]]
@@ -73,6 +75,8 @@ def test_sampling_is_per_request_and_deterministic(quant):
 def test_eos_ends_rows_and_masks_the_rest():
     eng = Engine(tiny_model("tiny-llama"), max_len=64)
     r = eng.generate(PROMPTS, SamplingParams(30), seeds=[1, 2, 3], eos_id=list(range(3, 60)))  # EOS comes fast
+    again = eng.generate(PROMPTS, SamplingParams(30), seeds=[1, 2, 3], eos_id=torch.arange(3, 60))  # before: raised
+    assert torch.equal(again.completion_mask, r.completion_mask)
     lengths = r.completion_mask.sum(-1)
     for i, n in enumerate(lengths.tolist()):
         assert 3 <= r.completion_ids[i, n - 1].item() < 60  # the EOS is the last kept token
@@ -133,6 +137,28 @@ def test_kept_layers_run_in_full_precision_like_the_fake_quant_model():
         Engine(model, quant_config("fp8_e4m3_w8a8", keep=("layers.0.*",)), max_len=64)  # names start with model.
 
 
+def test_a_kept_head_stays_in_full_precision_like_the_fake_quant_model():
+    model, params = tiny_model("tiny-qwen2"), SamplingParams(12)
+    qc = QuantConfig("fp8_e4m3", activations=True, lm_head=True, keep=("lm_head",))  # before: "matches none"
+    engine = Engine(model, qc, max_len=64)
+    assert engine.head.fp8 is None and engine.layers[0]["qkv"].fp8 == "channel"
+    r = engine.generate(PROMPTS, params, seeds=[1, 2, 3], eos_id=2)
+    torch.testing.assert_close(r.rollout_logp, _recompute(quantize_(copy.deepcopy(model), qc), r, params), atol=1e-4,
+                               rtol=0)  # fmt: skip
+    assert Engine(model, dataclasses.replace(qc, keep=()), max_len=64).head.fp8 == "channel"
+
+
+def test_an_fp8_engine_computes_in_the_dtype_asked_for():
+    # before: the FP8 GEMMs returned FP32 into a BF16 engine (BF16 into an FP32 one on a GPU), and the next
+    # full-precision matmul refused the mix
+    model = tiny_model("tiny-qwen3")
+    ref = Engine(model, "fp8_e4m3_w8a8", max_len=32).next_logits(PROMPTS)
+    bf16 = Engine(model, "fp8_e4m3_w8a8", max_len=32, dtype=torch.bfloat16)
+    r = bf16.generate(PROMPTS, SamplingParams(4), seeds=[1, 2, 3], eos_id=[])
+    assert r.completion_mask.all() and torch.isfinite(r.rollout_logp).all()
+    assert ((bf16.next_logits(PROMPTS) - ref).norm() / ref.norm()).item() < 0.05  # BF16 rounding only
+
+
 def test_fp8_kv_cache_stores_bytes_and_stays_close():
     model = tiny_model("tiny-qwen3")
     eng = Engine(model, "fp8_e4m3_w8a8_kv", max_len=64)
@@ -162,6 +188,15 @@ def test_sync_tracks_trainer_updates_and_bad_inputs():
         eng.generate(PROMPTS, SamplingParams(4, stop=["x"]))
     with pytest.raises(ValueError, match="no tensor"):
         eng.sync({})
+    with pytest.raises(ValueError, match="prompt width 40 exceeds the engine's max_len=32"):  # before: IndexError
+        eng.next_logits([list(range(3, 43))])
+    # an untied model's head is its own: without it a sync is refused, not served the embedding (as before)
+    with pytest.raises(ValueError, match="no tensor 'lm_head.weight'"):
+        eng.sync({k: v for k, v in merged_state(model).items() if k != "lm_head.weight"})
+    tied = tiny_model("tiny-qwen2", tie_word_embeddings=True)
+    tied_eng = Engine(tied, max_len=32)
+    tied_eng.sync({k: v for k, v in merged_state(tied).items() if k != "lm_head.weight"})  # the embedding it is
+    torch.testing.assert_close(tied_eng.next_logits(PROMPTS), Engine(tied, max_len=32).next_logits(PROMPTS))
     with pytest.raises(ValueError, match="without biases"):
         Engine(tiny_model("tiny-llama", mlp_bias=True))
     with pytest.raises(ValueError, match="sliding-window attention"):

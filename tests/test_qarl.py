@@ -129,3 +129,9 @@ def test_settings_that_would_bring_the_mismatch_back_are_refused():
     with pytest.raises(ValueError, match="not the FP8 KV cache of 'fp8_e4m3_w8a8_kv'"):
         validate(load_config("lab", [*base, "rollout.quant=fp8_e4m3_w8a8_kv"]))
     validate(load_config("lab", [*base, "rollout.quant=fp8_e4m3_w8a8"]))
+
+
+def test_aligning_again_takes_the_new_format():
+    model = align_(nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 4)), quant_config("fp8_e4m3_w8a8"))
+    align_(model, quant_config("mxfp4_w4a4"))  # before: the aligned layer kept FP8
+    assert model[0].qcfg.format == quant_config("mxfp4_w4a4").format != quant_config("fp8_e4m3_w8a8").format

@@ -12,6 +12,7 @@ from aisrl.quant import quant_config, quantize_
 from aisrl.rollout import (
     SamplingParams,
     _positions,
+    eos_list,
     generate,
     inverse_cdf,
     left_pad,
@@ -91,9 +92,17 @@ def test_eos_stops_a_row_and_pads_the_rest(model):
     assert r.completion_mask.sum(1).tolist() == first
     assert r.completion_ids[0, :3].tolist() == free.completion_ids[0, :3].tolist()
     assert (r.completion_ids[~r.completion_mask] == 0).all() and (r.rollout_logp[~r.completion_mask] == 0).all()
-    for same in (torch.tensor(eos), np.int64(eos), [np.int64(eos)]):  # an id from a tensor or an array is an id
+    # an id from a tensor or an array is an id; before, a 1-d tensor of two raised, and tensor([0]) read as "none"
+    for same in (torch.tensor(eos), np.int64(eos), [np.int64(eos)], torch.tensor([eos, 10**6]), np.array([eos])):
         again = generate(model, PROMPTS, SamplingParams(max_new_tokens=6, greedy=True), eos_id=same, pad_id=0)
         assert torch.equal(again.completion_mask, r.completion_mask)
+    assert eos_list(torch.tensor([0])) == [0] and eos_list(None) == [] and eos_list(torch.tensor([], dtype=int)) == []
+
+
+def test_logprobs_of_an_empty_batch_are_empty(model):
+    none = torch.zeros(0, 3, dtype=torch.long)
+    lp = logprobs(model, none, none.bool(), none, none.bool(), SamplingParams())  # before: torch.cat of nothing
+    assert lp.shape == (0, 3)
 
 
 def test_seeds_make_requests_reproducible_and_independent(model):

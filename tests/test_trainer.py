@@ -497,6 +497,36 @@ def test_guard_undoes_the_update_before_a_k3_spike(tmp_path, monkeypatch):
     assert [x["update_skipped"] for x in r] == [0.0] * 6 + [1.0, 0.0, 0.0]
 
 
+def test_a_jump_after_a_step_that_updated_nothing_rebases_instead_of_undoing(tmp_path, monkeypatch):
+    # step 6 trains on nothing (as when every token is rejected): its saved copy equals the weights, so the jump at
+    # step 7 has no update to undo; before, the guard "restored" the same weights and threw batch 7 away
+    from aisrl import trainer
+    from aisrl.correction import restrict
+
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    real_correct, real_update, steps = trainer.correct, trainer._update, []
+
+    def spike_at_step_7(name, old, roll, mask, **kw):
+        res = real_correct(name, old, roll, mask, **kw)
+        if len(steps) == 6 and mask.shape[0] > 1:
+            res.metrics["k3_kl"] = res.metrics["k3_kl"] * 1000 + 1.0
+        return res
+
+    def nothing_at_step_6(cfg, model, ref, opt, r, old_logp, adv, res, *rest):
+        steps.append(1)
+        res = restrict(res, torch.zeros_like(res.mask)) if len(steps) == 6 else res
+        return real_update(cfg, model, ref, opt, r, old_logp, adv, res, *rest)
+
+    monkeypatch.setattr(trainer, "correct", spike_at_step_7)
+    monkeypatch.setattr(trainer, "_update", nothing_at_step_6)
+    cfg = load_config("lab", [*TINY, "rollout.quant=fp8_e4m3_w8a8", "correction.guard=4", "max_steps=7",
+                              f"output_dir={tmp_path}"])  # fmt: skip
+    train(cfg, log=lambda _: None)
+    r = rows(tmp_path)
+    assert [x["update_skipped"] for x in r] == [0.0] * 5 + [1.0, 0.0]
+    assert r[-1]["guard_rollback"] == 0.0 and r[-1]["guard_rebase"] == 1.0 and r[-1]["k3_kl"] > 1.0
+
+
 def test_a_tripped_batch_stays_out_of_the_ais_ema(monkeypatch, tmp_path):
     # the batch that trips the guard trains on nothing; its alpha must not smooth the next steps' either
     from aisrl import trainer

@@ -46,6 +46,10 @@ def test_bad_diffusion_geometry_is_named(tmp_path, capsys):
     assert "leave rollout.top_k=0 and rollout.top_p=1" in capsys.readouterr().err
     assert main(["train", "lab", *TINY, "diffusion.p_mask=1.5", f"output_dir={tmp_path}"]) == 2
     assert "diffusion.p_mask is a probability" in capsys.readouterr().err
+    assert main(["train", "lab", *TINY, "rollout.temperature=0", f"output_dir={tmp_path}"]) == 2  # before: argmax
+    assert "rollout.temperature=0.0: training samples, so it must be > 0" in capsys.readouterr().err
+    assert main(["train", "lab", *TINY, "rollout.quant=fp8_e4m3_w8a8_kv", f"output_dir={tmp_path}"]) == 2
+    assert "which a diffusion model (bidirectional, no cache) does not have" in capsys.readouterr().err
 
 
 CONFIG_CODE = """

@@ -52,3 +52,35 @@ def test_grad_norm_with_clipping_off_measures_and_leaves_the_gradients_alone():
     a.grad = torch.tensor([1.0, float("inf"), 2.0])  # one bad value: reported, and no other value is touched
     assert _grad_norm([a, b, c]) == float("inf")
     assert torch.equal(b.grad, torch.tensor([0.0, 4.0])) and a.grad[0] == 1.0 and a.grad[2] == 2.0
+
+
+@pytest.mark.parametrize("clip", [1.0, 0.0])
+def test_a_non_finite_gradient_takes_no_step(monkeypatch, clip):
+    # before: clipping scaled inf to NaN (or Adam divided inf by inf), and the weights stayed NaN for good
+    model = torch.nn.Linear(2, 1, bias=False)
+    grads = iter([torch.tensor([[float("inf"), 1.0]]), torch.tensor([[1.0, 1.0]])])
+
+    def one_epoch(*args):
+        model.weight.grad = next(grads).clone()
+        return {"loss": 1.0}
+
+    monkeypatch.setattr(up, "accumulate_gradient", one_epoch)
+    before = model.weight.detach().clone()
+    res = SimpleNamespace(mask=torch.ones(1, 3, dtype=torch.bool))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    acc = up._update(SimpleNamespace(epochs=1, grad_clip=clip), model, None, opt, None, None, None, res, None, None)
+    assert acc["update_skipped"] == 1.0 and acc["grad_norm"] == float("inf")
+    assert torch.equal(model.weight.detach(), before) and not opt.state  # no step: Adam holds no moments either
+    acc = up._update(SimpleNamespace(epochs=1, grad_clip=clip), model, None, opt, None, None, None, res, None, None)
+    assert acc["update_skipped"] == 0.0 and torch.isfinite(model.weight).all() and not model.weight.equal(before)
+
+
+def test_guard_copies_no_frozen_weight_even_one_tied_under_a_second_name():
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 3), torch.nn.Linear(3, 5, bias=False))
+    model[2].weight = model[0].weight  # tied, as an LM head to its embeddings
+    model[0].weight.requires_grad_(False)
+    guard = up.MismatchGuard(4.0)
+    guard.save(model, torch.optim.SGD(model[1].parameters(), lr=0.1))
+    assert sorted(guard.saved[0]) == ["1.bias", "1.weight"]  # before: "2.weight", the frozen embedding, was copied
+    guard.forget()
+    assert guard.saved is None and not guard.restore(model, None)
