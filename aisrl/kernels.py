@@ -106,9 +106,10 @@ def triton_available() -> bool:
 def decode_attention(q, k_cache, v_cache, k_scale, v_scale, start, end, width: int, sm_scale: float,
                      use_kernel: bool | None = None):  # fmt: skip
     """Decode attention (see the module docstring): the Triton kernel on CUDA when Triton is installed (no host
-    synchronisation, so CUDA graphs can capture it), else the PyTorch reference."""
+    synchronisation, so CUDA graphs can capture it) and the query is not FP32 (the kernel computes in BF16), else
+    the PyTorch reference."""
     if use_kernel is None:
-        use_kernel = q.is_cuda and triton_available() and kernel_supports(q.shape[-1])
+        use_kernel = q.is_cuda and q.dtype != torch.float32 and triton_available() and kernel_supports(q.shape[-1])
     if not use_kernel:
         return decode_attention_ref(q, k_cache, v_cache, k_scale, v_scale, start, end, width, sm_scale)
     B, H, D = q.shape

@@ -257,6 +257,20 @@ def test_cuda_decode_kernel_matches_reference(kv_dtype):
 
 
 @cuda
+def test_cuda_decode_attention_leaves_fp32_queries_to_the_reference_by_default():
+    # the kernel computes in BF16: an FP32 caller that names no path gets the FP32 reference
+    torch.manual_seed(0)
+    B, H, Hk, S, D = 2, 4, 2, 40, 64
+    q, k, v = torch.randn(B, H, D, device="cuda"), *(torch.randn(B, Hk, S, D, device="cuda") for _ in range(2))
+    ks = vs = torch.rand(B, Hk, device="cuda") + 0.5
+    start = torch.zeros(B, dtype=torch.int32, device="cuda")
+    end = torch.full((B,), S, dtype=torch.int32, device="cuda")
+    out = decode_attention(q, k, v, ks, vs, start, end, S, D**-0.5)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, decode_attention_ref(q, k, v, ks, vs, start, end, S, D**-0.5))
+
+
+@cuda
 @pytest.mark.parametrize("quant", [None, "fp8_e4m3_w8a8", "fp8_e4m3_w8a8_kv"])
 def test_cuda_engine_graphs_match_eager_and_cpu(quant):
     model = tiny_model("tiny-qwen3", hidden=128)
