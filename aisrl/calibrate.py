@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from aisrl.correction import CORRECTIONS, CorrectionResult, correct
+from aisrl.dist import local_only
 
 Gradient = Callable[[CorrectionResult], torch.Tensor]  # a correction's result -> the flat gradient it gives (P,)
 
@@ -159,7 +160,8 @@ def check_mixable(candidates: list[str], options: Callable[[str], dict]) -> None
     by the number kept. options(name): that correction's keyword options. The probe is a batch with log-ratios from
     -4 to 4, of which a rejecting correction drops some."""
     old, mask = torch.linspace(-4, 4, 17).reshape(1, -1), torch.ones(1, 17, dtype=torch.bool)
-    rejecting = [c for c in candidates if not correct(c, old, torch.zeros_like(old), mask, **options(c)).mask.all()]
+    with local_only():  # a probe of this process's: no collective
+        rejecting = [c for c in candidates if not correct(c, old, torch.zeros_like(old), mask, **options(c)).mask.all()]
     if rejecting:
         raise ValueError(f"correction.calibrate_rule=mix mixes token weights, which needs corrections that keep every "
                          f"token; {rejecting} reject tokens: drop them from correction.candidates or use "

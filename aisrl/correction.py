@@ -53,7 +53,7 @@ import torch
 from aisrl.ais import ais_alpha, ais_diagnostics
 from aisrl.config import check_like_default
 from aisrl.diagnostics import EXP_CLAMP, Batch, _div, _s, k3_per_token, mismatch_metrics, prepare, weight_stats
-from aisrl.dist import all_sum
+from aisrl.dist import all_sum, local_only
 
 
 class CorrectionResult(NamedTuple):
@@ -184,7 +184,8 @@ def _vetoed(b: Batch, threshold: float) -> torch.Tensor:
     """(N,) bool: sequences holding a token with w < threshold (zero-probability tokens included)."""
     if not 0 < threshold < 1:
         raise ValueError(f"a veto threshold is a token weight in (0, 1), got {threshold}")
-    return (b.in_products & (b.delta < math.log(threshold))).any(-1)
+    # a zero-probability token by its flag: its clamped log-ratio (-20) sits above the log of a threshold < e^-20
+    return (b.zero | (b.mask & (b.delta < math.log(threshold)))).any(-1)
 
 
 def _veto(b: Batch, threshold: float = 1e-4):
@@ -332,7 +333,8 @@ def check_options(name: str, **options) -> None:
         for key, value in options.items():
             check_like_default(f"correction {name!r}", key, value, defaults.get(key))
     one = torch.zeros(1, 1)
-    correct(name, one, one, torch.ones(1, 1, dtype=torch.bool), **options)
+    with local_only():  # a probe of this process's: no collective (under NCCL a CPU tensor has no backend)
+        correct(name, one, one, torch.ones(1, 1, dtype=torch.bool), **options)
 
 
 def restrict(res: CorrectionResult, keep: torch.Tensor) -> CorrectionResult:

@@ -8,7 +8,8 @@ is a Monte Carlo estimate under mu:
 - chi2_token = E[w^2] - 1 and chi2_seq = E[W^2] - 1 estimate the chi-square divergence chi2(pi||mu),
   which is exactly the variance inflation of an importance-weighted mean.
 - ESS/N = (sum W)^2 / (N sum W^2) (Kong 1992), computed in log space with a max-shift.
-- ppl of each side = exp(-token-mean log-prob); their ratio equals exp(k1).
+- ppl of each side = exp(-token-mean log-prob); their ratio equals exp(k1) while no log-ratio reaches the
+  +-20 clamp of `kl` (a rollout log-prob of -inf is floored at -1e4 for the perplexities instead).
 
 Robustness rules, applied once in `prepare` so every correction shares them: masked positions may hold anything
 (NaN, -inf) and never reach a statistic; a counted token whose log-ratio is NaN, whose trainer log-prob is not
@@ -88,7 +89,7 @@ def prepare(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tens
     # (old_logp = -inf: its log-prob gradient is undefined), or the rollout reports log-prob +inf (no log-prob
     # of a sampled token can be positive, let alone infinite). rollout_logp = -inf only makes w huge: clamped.
     nan = (torch.isnan(raw) | ~torch.isfinite(old) | (roll == math.inf)) & given
-    impossible = given & (old == -math.inf) & ~torch.isnan(roll) & (roll > -math.inf)  # (N, T) w = 0 exactly
+    impossible = given & (old == -math.inf) & torch.isfinite(roll)  # (N, T) w = 0 exactly
     keep = given & ~nan
     delta = torch.where(keep, raw.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), 0.0)  # (N, T)
     delta = torch.where(impossible, -LOG_RATIO_CLAMP, delta)

@@ -339,7 +339,9 @@ def test_zero_probability_token_is_w_zero_in_every_product():
         close(res.metrics["ess"], 0.5)  # W = (~0, 1): (0 + 1)^2 / (2 * 1)
         close(res.metrics["zero_prob_frac"], 1 / 6)
         close(res.metrics["nonfinite_frac"], 1 / 6)
-    for name, opts in [("seq_mask", {}), ("veto", {"threshold": 1e-3}), ("k3_reject", {"level": "seq_max"})]:
+    # a veto below the clamp's e^-20 too (before: 1e-10 vetoed nothing, the clamped w = 2e-9 being above it)
+    for name, opts in [("seq_mask", {}), ("veto", {"threshold": 1e-3}), ("veto", {"threshold": 1e-10}),
+                       ("k3_reject", {"level": "seq_max"})]:  # fmt: skip
         res = correct(name, old, roll, mask, **opts)
         assert res.mask.tolist() == [[False] * 3, [True] * 3], name
     # Geometric means divide by the tokens the products see, the zero-probability one included: sequence 0's
@@ -367,6 +369,25 @@ def test_rollout_logp_of_plus_inf_is_unusable_not_a_tiny_weight():
     assert res.mask.tolist() == [[True, False, True]] and res.weights[0].tolist() == [1.0, 0.0, 1.0]
     close(res.metrics["nonfinite_frac"], 1 / 3)
     close(res.metrics["zero_prob_frac"], 0.0)
+    # ... also where the trainer gives it -inf: a corrupt token, not a zero-probability one (before: w = 0 in the
+    # products, so its whole sequence weighed e^-20)
+    res = correct("seq_tis", torch.tensor([[-1.0, -float("inf"), -1.0]]), roll, torch.ones(1, 3, dtype=torch.bool))
+    assert res.weights[0].tolist() == [1.0, 0.0, 1.0] and res.mask.tolist() == [[True, False, True]]
+    close(res.metrics["zero_prob_frac"], 0.0)
+
+
+def test_option_checks_issue_no_collective(monkeypatch):
+    # under accelerate's NCCL group a collective on these CPU probes has no backend: check_options must stay local
+    import aisrl.dist
+    from aisrl.calibrate import check_mixable
+    from aisrl.correction import check_options
+
+    monkeypatch.setattr(aisrl.dist.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(aisrl.dist.dist, "all_reduce", lambda *a, **k: pytest.fail("a collective was issued"))
+    check_options("ais", cap=2.0)
+    check_mixable(["tis", "ais"], lambda name: {})
+    with pytest.raises(pytest.fail.Exception):  # the patch is live: outside the checks a batch statistic reduces
+        correct("tis", torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool))
 
 
 def test_rejection_threshold_must_be_a_number():
