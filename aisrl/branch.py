@@ -33,7 +33,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from aisrl.checkpoint import atomic_write_text, checkpoint_dir, saved_weights
+from aisrl.checkpoint import atomic_write_text, checkpoint_dir, read_record, saved_weights
 from aisrl.compare import run_rows
 
 
@@ -131,7 +131,7 @@ def _check_branch_point(run: Path, step: int, dst: Path) -> None:
     record = dst / "branch.json"
     if not record.is_file():
         return
-    was = json.loads(record.read_text())
+    was = read_record(record)
     if was != _branch_point(run, step):
         raise ValueError(f"{dst} was branched from {was['run']} at step {was['step']}, not {run.resolve()} at step "
                          f"{step}; use another out=, or delete {dst} to branch again")  # fmt: skip

@@ -40,6 +40,16 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def read_record(path: str | Path) -> dict:
+    """One of a run's JSON records (config.json, start.json, branch.json); a ValueError naming the file when it
+    does not parse (writes are atomic, so only a hand edit or another program leaves one so)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); restore it from a copy, or delete it to have the run "
+                         "record it anew") from e  # fmt: skip
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write `text` to `path` through a temporary file and a rename: readers see the old file or the new one, and
     the new one's bytes are on disk (fsync) before the rename, so a power loss cannot leave it empty."""
@@ -47,8 +57,8 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # one per writer
     try:
-        os.chmod(tmp, stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644)  # mkstemp's is 0600
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w") as f:  # owns fd from here: closed whatever fails below
+            os.chmod(tmp, stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644)  # mkstemp's is 0600
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -107,7 +117,7 @@ def record_start(output_dir: str | Path, model) -> None:
 def run_start(run_dir: str | Path) -> str | None:
     """The digest of a run's initial weights, or None for a run that predates start.json."""
     path = Path(run_dir) / "start.json"
-    return json.loads(path.read_text())["weights"] if path.exists() else None
+    return read_record(path)["weights"] if path.exists() else None
 
 
 def same_start(a: str | Path, b: str | Path) -> bool:
@@ -133,7 +143,7 @@ def config_changes(recorded: dict, config: dict, free: tuple[str, ...] = RESUMAB
     """'key: old -> new' for every dotted key whose value differs between two config dicts, except `free` ones.
     A key the record lacks (a field added by a later version, which keeps the earlier behaviour at its default)
     is a change only when `config` sets it away from its value in `defaults` (the config class's defaults)."""
-    a, b = _flat(recorded), _flat(json.loads(json.dumps(config)))  # tuples compare as the lists JSON keeps
+    a, b = (_flat(json.loads(json.dumps(c))) for c in (recorded, config))  # tuples compare as the lists JSON keeps
     out = [f"{k}: {a[k]!r} -> {b[k]!r}" for k in sorted(a.keys() & b.keys()) if k not in free and a[k] != b[k]]
     d = _flat(json.loads(json.dumps(defaults))) if defaults is not None else {}
     return out + [f"{k}: not recorded (the default {d[k]!r}) -> {b[k]!r}" for k in sorted(b.keys() - a.keys())
@@ -151,7 +161,7 @@ def record_config(output_dir: str | Path, config: dict, write: bool = True, defa
         if write:
             atomic_write_text(path, json.dumps(config, indent=1))
         return
-    recorded = json.loads(path.read_text())
+    recorded = read_record(path)
     changes = config_changes(recorded, config, defaults=defaults)
     if changes:
         raise ValueError(f"{output_dir} holds a run started with another config ({'; '.join(changes)}); resume "

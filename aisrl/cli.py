@@ -31,7 +31,7 @@ def _mismatch(args) -> int:
                              "without preset and start")  # fmt: skip
     default = DoctorConfig()
     cfg = DoctorConfig(model=args.model or default.model, task=args.task or default.task, preset=args.preset or "")
-    if args.formats:
+    if args.formats is not None:  # --formats "" is no format, not the defaults
         cfg.formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     apply_overrides(cfg, args.overrides)
     main(cfg, args.out)
@@ -150,13 +150,13 @@ def _eval(args) -> int:
 
 def _is_override(arg: str) -> bool:
     """Whether a first argument is a `key=value` override rather than a preset: a path to an existing file (a
-    branch's folder may hold '=' in its name) or a name with a YAML/JSON suffix is a preset."""
+    branch's folder may hold '=' in its name) is a preset, and so is anything whose part before '=' is not a dotted
+    key (`runs/x=1/c.yaml`). A value that names a file (`dataset=d.json`) leaves an override an override."""
     import re
     from pathlib import Path
 
     key = arg.split("=", 1)[0]
-    is_file = Path(arg).is_file() or arg.endswith((".yaml", ".yml", ".json"))
-    return "=" in arg and not is_file and re.fullmatch(r"[A-Za-z_][\w.]*", key) is not None
+    return "=" in arg and not Path(arg).is_file() and re.fullmatch(r"[A-Za-z_][\w.]*", key) is not None
 
 
 def _preset_and_overrides(args) -> tuple[str | None, list[str]]:

@@ -140,7 +140,11 @@ def _run_checkpoint(cfg: DoctorConfig) -> tuple[str, Path]:
     path = saved_weights(run, int(step))
     if cfg.preset and (Path(run) / "config.json").is_file():
         raise ValueError(f"{run} records its settings (config.json); drop preset={cfg.preset!r}, the run's are used")
-    return recorded_base(Path(run), cfg.preset), path
+    try:
+        return recorded_base(Path(run), cfg.preset), path
+    except ValueError as e:  # its advice (overrides) is `aisrl branch`'s: this command takes no training keys
+        raise ValueError(f"{e}. aisrl mismatch takes no training keys: write the run's settings (its preset's keys "
+                         "with the overrides it was trained with) into a YAML file and pass --preset FILE") from e
 
 
 def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:

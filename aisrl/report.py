@@ -23,12 +23,14 @@ ranks), gradient clipping and optimizer steps; the rest of time_train is bookkee
 
 
 def summarize(rows: list[dict]) -> dict:
+    """A run's summary from its metrics rows. `steps` is the last step logged, not the row count: a row the user
+    deleted (a corrupt line, as read_jsonl's error advises) leaves a finished run finished for `aisrl compare`."""
     n = len(rows)
     fifth = max(1, n // 5)
     evals = [r for r in rows if "eval_accuracy" in r]
     timing = {k: _mean([r.get(k, 0.0) for r in rows]) for k in TIMES + TRAIN_PARTS}
     return {
-        "steps": n,
+        "steps": rows[-1]["step"] if rows else 0,
         "reward_first_fifth": _mean([r["reward"] for r in rows[:fifth]]),
         "reward_last_fifth": _mean([r["reward"] for r in rows[-fifth:]]),
         "accuracy_first_fifth": _mean([r["accuracy"] for r in rows[:fifth]]),

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from aisrl.checkpoint import (
+    config_changes,
     load_checkpoint,
     read_jsonl,
     record_config,
@@ -72,6 +73,13 @@ def test_a_resume_records_the_new_length_and_keeps_every_other_key(tmp_path):
     record_config(tmp_path, {**first, "max_steps": 300, "veto": 0.0}, defaults=defaults)
     with pytest.raises(ValueError, match=r"veto: not recorded \(the default 0.0\) -> 0.05"):
         record_config(tmp_path, {**first, "max_steps": 300, "veto": 0.05}, defaults=defaults)
+    # a tuple and the list JSON keeps of it are one value, on either side (aisrl eval compares two dataclasses)
+    assert config_changes({"lab": {"target": (0.4, 0.9)}}, {"lab": {"target": [0.4, 0.9]}}) == []
+    assert config_changes({"lab": {"target": [0.4, 0.9]}}, {"lab": {"target": (0.4, 0.9)}}) == []
+    # a record cut by a hand edit is named, with what to do (before: the bare JSONDecodeError)
+    (tmp_path / "config.json").write_text('{"seed": 0, ')
+    with pytest.raises(ValueError, match=r"config.json is not valid JSON .*; restore it from a copy, or delete it"):
+        record_config(tmp_path, first)
 
 
 def test_metrics_file_with_a_cut_last_line_reads_without_it(tmp_path):

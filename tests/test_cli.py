@@ -53,6 +53,7 @@ def test_a_preset_path_holding_an_equals_sign_is_a_preset_and_options_may_follow
     cfg = _train_config(argparse.Namespace(preset=str(run / "config.json"), overrides=["eval_every=7"]))
     assert (cfg.max_steps, cfg.lr, cfg.eval_every) == (7, 0.002, 7)
     assert _is_override("correction.name=tis") and not _is_override("runs/x=1/c.yaml") and not _is_override("lab")
+    assert _is_override("dataset=d.json") and _is_override("preset=my.yaml")  # before: taken for preset names
     assert load_config("lab", ["max_steps=3"]).max_steps == 3
     seen = {}
     monkeypatch.setattr("aisrl.cli._mismatch", lambda args: seen.update(vars(args)) or 0)

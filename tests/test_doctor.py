@@ -37,7 +37,8 @@ def test_unknown_format_fails_before_loading(capsys):
     assert "with a preset or start, ['model', 'temperature'] come from the preset ('lab')" in capsys.readouterr().err
     assert main(["mismatch", "--preset", "lab", "--model", "smollm2", "--task", "arithmetic"]) == 2  # the defaults too
     assert "with a preset or start, ['model', 'task'] come from the preset ('lab')" in capsys.readouterr().err
-    for args, message in ((["--formats", ","], "formats is empty"), (["prompts=0"], "prompts must be >= 1, got 0"),
+    for args, message in ((["--formats", ","], "formats is empty"), (["--formats", ""], "formats is empty"),
+                          (["prompts=0"], "prompts must be >= 1, got 0"),
                           (["max_new_tokens=0"], "max_new_tokens must be >= 1, got 0"),
                           (["--out", "pyproject.toml/x"], "--out pyproject.toml/x cannot be created")):  # fmt: skip
         assert main(["mismatch", "--model", "tiny-llama", *args]) == 2
@@ -137,3 +138,6 @@ def test_start_examines_a_runs_checkpoint_with_the_runs_settings(tmp_path, monke
         diagnose(DoctorConfig(start=f"{run}:2", preset="lab"))
     with pytest.raises(ValueError, match=r"\['temperature'\] come from the run"):
         diagnose(DoctorConfig(start=f"{run}:2", temperature=0.5))
+    (run / "config.json").unlink()  # a run from before runs recorded their settings: the way to give them here
+    with pytest.raises(ValueError, match="has no config.json .* takes no training keys: .* pass --preset FILE"):
+        diagnose(DoctorConfig(start=f"{run}:2", formats=["mxfp4_w4a4"]))
