@@ -183,13 +183,19 @@ def _same_completions(a, b) -> float:
     return sum(same) / len(same)
 
 
-def test_a_static_engine_run_scores_both_sides_through_the_engine_so_equal_seeds_pair(tmp_path, monkeypatch):
-    # the static engine draws its own random numbers: an HF-sampled trained model would share no draws with it
-    cfg = load_config("lab", [*TINY_LAB, "max_steps=1", "device=cpu", "rollout.engine=static",
-                              "rollout.quant=fp8_e4m3_w8a8", f"output_dir={tmp_path / 'static'}"])  # fmt: skip
+def _score_a_static_fp8_run(tmp_path, monkeypatch, device: str):
+    """One step of an FP8 static-engine run on `device`, then its final scoring: (config, the rollouts scored in
+    order, the result)."""
+    cfg = load_config("lab", [*TINY_LAB, "max_steps=1", f"device={device}", "rollout.engine=static",
+                              "rollout.quant=fp8_e4m3_w8a8", f"output_dir={tmp_path / device}"])  # fmt: skip
     train(cfg, log=lambda _: None)
     drawn = _record_rollouts(monkeypatch)
-    res = fe.evaluate_final(cfg.output_dir, cfg, samples=4, held_samples=1)
+    return cfg, drawn, fe.evaluate_final(cfg.output_dir, cfg, samples=4, held_samples=1)
+
+
+def test_a_static_engine_run_scores_both_sides_through_the_engine_so_equal_seeds_pair(tmp_path, monkeypatch):
+    # the static engine draws its own random numbers: an HF-sampled trained model would share no draws with it
+    cfg, drawn, res = _score_a_static_fp8_run(tmp_path, monkeypatch, "cpu")
     # FP8 rounding changes a few samples; unpaired draws would change most
     assert _same_completions(drawn[0], drawn[1]) >= 0.75
     assert res["settings"]["trained_sampler"] == "engine_fp32"
@@ -206,10 +212,6 @@ def test_a_static_engine_run_scores_both_sides_through_the_engine_so_equal_seeds
 def test_a_static_engine_run_on_the_gpu_is_scored_through_an_fp32_engine_there(tmp_path, monkeypatch):
     # on a GPU the sampler is real FP8 with BF16 activations and the trained model an FP32 engine on the same
     # device: the two still share their random numbers, so most completions pair
-    cfg = load_config("lab", [*TINY_LAB, "max_steps=1", "device=cuda", "rollout.engine=static",
-                              "rollout.quant=fp8_e4m3_w8a8", f"output_dir={tmp_path / 'gpu'}"])  # fmt: skip
-    train(cfg, log=lambda _: None)
-    drawn = _record_rollouts(monkeypatch)
-    res = fe.evaluate_final(cfg.output_dir, cfg, samples=4, held_samples=1)
+    _, drawn, res = _score_a_static_fp8_run(tmp_path, monkeypatch, "cuda")
     assert res["settings"]["trained_sampler"] == "engine_fp32"
     assert _same_completions(drawn[0], drawn[1]) >= 0.5
