@@ -115,15 +115,36 @@ def test_a_missing_weight_names_the_settings(verl_algos):
         verl_algos.get_policy_loss_fn((install(), "ais")[1])(old, logp, adv, mask, "token-mean", CFG, None)
 
 
-def test_the_weights_are_checked_on_the_first_call_only(verl_algos):
-    """The settings are fixed for a run, so the heuristics (a tie at the maximum reads as a threshold) run once; a
-    later micro-batch whose raw weights happen to tie is not refused. Missing weights are an error on every call."""
+def test_the_weights_are_checked_on_the_first_calls_only(stub_verl):
+    """The settings are fixed for a run, so the heuristics (a tie at the maximum reads as a threshold) judge the
+    first CHECKED_CALLS micro-batches; a later one whose raw weights happen to tie is not refused. Ties below the
+    largest weight seen do not count. Missing weights are an error on every call."""
+    from aisrl.integrations.verl import CHECKED_CALLS
+
     fn = make_policy_loss("tis", cap=2.0)
     old, rollout, logp, adv, mask, w = batch(2)
     fn(old, logp, adv, mask, "token-mean", CFG, w)
-    fn(old, logp, adv, mask, "token-mean", CFG, w.clamp(max=1.05))  # would read as truncated on a first call
+    fn(old, logp, adv, mask, "token-mean", CFG, w.clamp(max=w[mask].max() * 0.99))  # tied, but below the maximum
+    for seed in range(10, 10 + CHECKED_CALLS):  # other micro-batches: raw maxima of their own
+        o, _, lp, a, m, ww = batch(seed)
+        fn(o, lp, a, m, "token-mean", CFG, ww)
+    fn(old, logp, adv, mask, "token-mean", CFG, w.clamp(max=1.05))  # would read as truncated among the first calls
     with pytest.raises(ValueError, match="no rollout_is_weights"):
         fn(old, logp, adv, mask, "token-mean", CFG, None)
+
+
+def test_a_cap_few_tokens_reach_is_found_over_several_micro_batches(stub_verl):
+    # verl's default threshold 2.0 under a mild mismatch: two tokens at the cap per micro-batch, never three in one
+    fn = make_policy_loss("icepop")
+    old, rollout, logp, adv, mask, w = batch(2)
+    capped = w.clamp(max=1.5)  # (before: taken for raw weights on the first call, then never checked again)
+    capped[mask] = torch.where(capped[mask] >= 1.5, 1.0, capped[mask])
+    two = capped.clone()
+    rows, cols = mask.nonzero(as_tuple=True)
+    two[rows[:2], cols[:2]] = 2.0
+    fn(old, logp, adv, mask, "token-mean", CFG, two)
+    with pytest.raises(ValueError, match="look truncated at 2"):
+        fn(old, logp, adv, mask, "token-mean", CFG, two)
 
 
 def test_verl_external_module_hook_registers_the_losses(tmp_path, verl_algos):

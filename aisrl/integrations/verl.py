@@ -21,8 +21,9 @@ log-probs are recovered exactly on valid tokens, rollout_logp = old_logp - log(w
     algorithm.rollout_correction.bypass_mode=false
     actor_rollout_ref.rollout.calculate_log_probs=true
 
-The first call checks what arrived and raises a ValueError naming these settings when it cannot be raw
-token weights (none at all, values capped at a threshold, zeros inside the mask, or constant per sequence). A NaN
+The first CHECKED_CALLS micro-batches (about a first step's) are checked, and a ValueError naming these settings
+is raised when what arrived cannot be raw token weights (none at all, values capped at a threshold: three tokens at
+the largest weight, counted over those calls; zeros inside the mask; or constant per sequence). A NaN
 weight is not read as a setting: verl's exp(clamp(old - rollout, -20, 20)) keeps the NaN of a token whose rollout
 log-prob is NaN, and `correct` drops that token from the loss (counted in `aisrl/nonfinite_frac`), on the first
 micro-batch as on any other.
@@ -123,9 +124,15 @@ def _settings_error(what: str) -> ValueError:
                       + "\n  ".join(REQUIRED_SETTINGS))  # fmt: skip
 
 
-def check_raw_weights(w: torch.Tensor | None, mask: torch.Tensor) -> bool:
+CHECKED_CALLS = 16
+"""Micro-batches (about a first step's) whose weights each loss function judges; later ones only need weights."""
+
+
+def check_raw_weights(w: torch.Tensor | None, mask: torch.Tensor, tally: dict | None = None) -> bool:
     """Raise if `w` cannot be verl's untruncated token-level exp(old_logp - rollout_logp); return whether there was
-    anything to judge (False for a micro-batch without a valid token, or whose weights are all NaN).
+    anything to judge (False for a micro-batch without a valid token, or whose weights are all NaN). `tally` carries
+    the largest weight seen and how many tokens held it over a loss function's calls: a cap that few tokens of
+    each micro-batch reach (verl's default 2.0 under a mild mismatch) shows only as ties summed over several.
 
     NaN weights are not a sign of the settings: verl's exp(clamp(old - rollout, -20, 20)) keeps the NaN of a token
     the rollout engine could not score (clamp passes NaN through), and `correct` drops such tokens (counted in
@@ -148,10 +155,15 @@ def check_raw_weights(w: torch.Tensor | None, mask: torch.Tensor) -> bool:
         spread = (wm.nan_to_num(-math.inf).amax(-1) - wm.nan_to_num(math.inf).amin(-1)).abs()
         if (spread == 0).all():
             raise _settings_error("rollout_is_weights are constant within every sequence (rollout_is=sequence)")
-    top = v.max()
+    tally = {"top": -math.inf, "ties": 0} if tally is None else tally
+    top = v.max().item()
+    if top >= tally["top"]:  # ties at the largest weight so far, over every call that reached it
+        tally["ties"] = (tally["ties"] if top == tally["top"] else 0) + int((v == top).sum())
+        tally["top"] = top
+    top = tally["top"]
     at_bound = top >= math.exp(LOG_RATIO_CLAMP) * (1 - 1e-6)  # verl's own safety bound: ties there are raw
-    if top > 1.0 and (v == top).sum() >= 3 and not at_bound:  # raw exp(log-ratio) values practically never tie
-        raise _settings_error(f"rollout_is_weights look truncated at {top.item():g} (many tokens share the maximum)")
+    if top > 1.0 and tally["ties"] >= 3 and not at_bound:  # raw exp(log-ratio) values practically never tie
+        raise _settings_error(f"rollout_is_weights look truncated at {top:g} (many tokens share the maximum)")
     return True
 
 
@@ -161,15 +173,15 @@ def make_policy_loss(name: str, **options):
     if name not in CORRECTIONS:
         raise ValueError(f"unknown correction {name!r}; choose from {sorted(CORRECTIONS)}")
     check_options(name, **options)  # at install(), not inside a Ray worker after the first rollout
-    state = {"prev_alpha": None, "checked": False}
+    state = {"prev_alpha": None, "judged": 0, "tally": {"top": -math.inf, "ties": 0}}
 
     def policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
                     rollout_is_weights=None):  # fmt: skip
         from verl.trainer.ppo.core_algos import agg_loss
 
         on = response_mask.bool()
-        if rollout_is_weights is None or not state["checked"]:  # the settings are fixed: the heuristics run once,
-            state["checked"] = check_raw_weights(rollout_is_weights, on)  # on the first micro-batch with a weight
+        if rollout_is_weights is None or state["judged"] < CHECKED_CALLS:  # the settings are fixed: the heuristics
+            state["judged"] += check_raw_weights(rollout_is_weights, on, state["tally"])  # judge the first calls
         safe_w = torch.where(on, rollout_is_weights.detach(), torch.ones_like(rollout_is_weights))
         rollout_logp = torch.where(on, old_log_prob.detach() - safe_w.log(), 0.0)  # (N, T)
         opts = dict(options)
