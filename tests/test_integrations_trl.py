@@ -64,6 +64,31 @@ def test_two_real_steps_with_an_fp8_rollout_copy_log_ais_metrics(tmp_path, monke
     assert not torch.equal(tr._rollout.get_submodule(name).weight, init.get_submodule(name).weight)
 
 
+def test_evaluation_draws_its_own_seeds_and_leaves_the_training_samples_alone(tmp_path, monkeypatch):
+    import aisrl.integrations.trl as adapter
+
+    seeds, real = [], adapter.generate
+    monkeypatch.setattr(adapter, "generate", lambda *a, **k: seeds.append(k["seeds"]) or real(*a, **k))
+    batch = [{"prompt": p} for p in tiny_setup()[2]["prompt"][:2] for _ in range(4)]
+
+    def drawn(evaluate_first: bool) -> list:
+        model, tok, ds = tiny_setup()
+        tr = AISGRPOTrainer(model=model, reward_funcs=reward_w5, args=grpo_args(tmp_path), train_dataset=ds,
+                            processing_class=tok, correction="ais", rollout_quant="fp8_e4m3_w8a8")  # fmt: skip
+        seeds.clear()
+        if evaluate_first:  # an evaluation at the step boundary, before the step's training batch
+            tr.model.eval()
+            tr._generate_and_score_completions(batch)
+        tr.model.train()
+        tr._generate_and_score_completions(batch)
+        return list(seeds)
+
+    plain, with_eval = drawn(False), drawn(True)
+    assert len(plain) == 1 and len(with_eval) == 2
+    assert with_eval[1] == plain[0]  # before: the evaluation took the training batch's seeds, training others
+    assert with_eval[0] != plain[0]
+
+
 def test_correction_none_gives_trls_own_loss(tmp_path):
     model, tok, ds = tiny_setup()
     ours = AISGRPOTrainer(model=model, reward_funcs=reward_w5, args=grpo_args(tmp_path / "a"), train_dataset=ds,
@@ -95,6 +120,7 @@ def test_tis_weights_are_folded_into_the_advantages(tmp_path, veto):
         return captured["out"] | {}
 
     trl.GRPOTrainer._generate_and_score_completions = spy
+    tr.model.train()  # a training batch (tiny_model comes in eval mode)
     try:
         out = tr._generate_and_score_completions([{"prompt": p} for p in ds["prompt"][:2] for _ in range(4)])
     finally:
@@ -121,6 +147,8 @@ def test_configuration_errors_are_explained(tmp_path):
         AISGRPOTrainer(model=model, correction="nope", **kw)
     with pytest.raises(ValueError, match="needs the log-probs the rollouts were sampled with"):
         AISGRPOTrainer(model=model, correction="ais", **kw)
+    with pytest.raises(ValueError, match="a veto judges each token's rollout/trainer ratio"):  # before: ignored
+        AISGRPOTrainer(model=model, correction="none", correction_options={"veto": 0.5}, **kw)
     with pytest.raises(ValueError, match="unknown quantisation preset"):
         AISGRPOTrainer(model=model, rollout_quant="fp7", **kw)
     with pytest.raises(ValueError, match="keep pattern 'layers.9.*' matches none"):  # a QuantConfig is used as given

@@ -134,6 +134,11 @@ class AISGRPOTrainer(GRPOTrainer):
                 warnings.warn(f"{filters}: the sampler's processed log-probs include these filters and TRL's trainer "
                               "log-probs do not, so every importance ratio is biased (w < 1 on the kept tokens); "
                               "sample with temperature only for an exact correction", stacklevel=2)  # fmt: skip
+        vetoes = bool((correction_options or {}).get("veto"))
+        if rollout_quant is None and not own_sampler and correction == "none" and vetoes:
+            raise ValueError("a veto judges each token's rollout/trainer ratio, which needs the log-probs the "
+                             "rollouts were sampled with: pass rollout_quant (an aisrl rollout copy), use vLLM "
+                             "(GRPOConfig(use_vllm=True)) or a rollout_func that returns them, or drop the veto")
         if rollout_quant is None and not own_sampler and correction != "none":
             raise ValueError(
                 f"correction {correction!r} needs the log-probs the rollouts were sampled with: pass "
@@ -155,7 +160,7 @@ class AISGRPOTrainer(GRPOTrainer):
             else:
                 args = (args[0], train_args, *args[2:])
         self._aisrl = {"name": correction, "options": dict(correction_options or {}), "prev_alpha": None}
-        self._rollout, self._synced_step, self._generations = None, None, 0
+        self._rollout, self._synced_step, self._generations = None, None, {"train": 0, "eval": 0}
         if rollout_quant is not None:  # copy before TRL patches the model's forward in place
             self._rollout = copy.deepcopy(model).eval().requires_grad_(False)
             if rollout_quant != "none":
@@ -191,12 +196,15 @@ class AISGRPOTrainer(GRPOTrainer):
                              "use TRL's generation (rollout_quant=None with use_vllm=True) for vision-language models")
         if self._synced_step != self.state.global_step:  # the optimiser stepped: re-quantise its weights
             sync_weights(self.accelerator.unwrap_model(self.model).state_dict(), self._rollout)
-            self._synced_step, self._generations = self.state.global_step, 0
-        self._generations += 1  # a step may generate several batches (steps_per_generation, evaluation)
+            self._synced_step, self._generations = self.state.global_step, {"train": 0, "eval": 0}
+        mode = "train" if self.model.training else "eval"
+        self._generations[mode] += 1  # a step may generate several batches (steps_per_generation)
         params = SamplingParams(self.max_completion_length, self.temperature)
         # per-request seeds from (seed, step, batch of the step, process, row): reproducible (a resume starts at a
-        # step boundary), no two batches alike, and TRL's global RNG left alone
-        key = (self.args.seed, self.state.global_step, self._generations, self.accelerator.process_index)
+        # step boundary), no two batches alike, and TRL's global RNG left alone. Evaluation counts its own batches
+        # under its own key, so turning it on changes no training sample.
+        key = (self.args.seed, self.state.global_step, self._generations[mode], self.accelerator.process_index)
+        key = key if mode == "train" else (*key, -1)
         seeds = request_seeds(key, len(prompt_ids))
         r = generate(self._rollout, [list(p) for p in prompt_ids], params, seeds=seeds,
                      pad_id=self._tokenizer.pad_token_id, eos_id=list(self.eos_token_ids))  # fmt: skip
@@ -208,7 +216,8 @@ class AISGRPOTrainer(GRPOTrainer):
     # -- the correction, folded into per-token advantages ------------------------------------------------
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
-        if self._aisrl["name"] == "none" and "sampling_per_token_logps" not in out:
+        if self._aisrl["name"] == "none" and "sampling_per_token_logps" not in out and not self._aisrl["options"].get(
+                "veto"):  # fmt: skip
             return out
         if "sampling_per_token_logps" not in out:  # TRL sets it only when the sampler reported log-probs
             raise ValueError(f"correction {self._aisrl['name']!r} needs the log-probs the rollouts were sampled with, "
