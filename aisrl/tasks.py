@@ -116,8 +116,9 @@ class Task:
         return FORMAT_POINTS + (CORRECT_POINTS if correct else 0.0), correct
 
 
-_NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
-"""A number, its commas only as thousands separators (`1,000`; `7,1` is not the number 71)."""
+_NUMBER = r"(?<![\d.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+"""A number, its commas only as thousands separators (`1,000`; `7,1` is not the number 71), not begun inside
+another (`.5` is no 5)."""
 _WORDED_NUMBER = re.compile(rf"(?:[A-Za-z ,.:;'%$]*[ ,.:;'%$])?({_NUMBER})(?:[ ,.:;'%$][A-Za-z ,.:;'%$]*)?")
 """One number among plain words and punctuation: `18 dollars`, `It is 18.`, `$1,000`."""
 
@@ -442,7 +443,9 @@ class ReasoningGym(Task):
     def check(self, answer, problem):
         # Many generators score with eval / sympy's parse_expr on the answer: model text must not reach them as code
         # (`__import__('os')...`), nor as a power tower that never finishes (`9**9**9**9`, uninterruptible in C).
-        if len(answer) > MAX_GYM_ANSWER or _CODE_LIKE.search(answer):
+        # The generator's own answer is its text, not the model's: a word list holding `open` or `input` is scored.
+        own = answer.strip() == problem.answer.strip()
+        if not own and (len(answer) > MAX_GYM_ANSWER or _CODE_LIKE.search(answer)):
             return False
         if _POWER.search(answer):  # rare in answers: scored in a child process that is killed after the limit
             return _score_in_child(self._scorer.score_answer, answer, problem.meta["entry"]) >= 1.0

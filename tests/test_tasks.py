@@ -1,5 +1,6 @@
 """Reward functions on hand-made completions; splits; generators produce solvable problems."""
 
+import dataclasses
 import importlib.util
 import json
 import re
@@ -256,6 +257,12 @@ def test_reasoning_gym_answers_never_reach_a_scorer_as_code_or_as_an_endless_pow
     assert task.reward(wrap(attack), p) == (0.5, False) and not marker.exists()
     assert task.reward(wrap(p.answer), p) == (1.5, True)
     assert task.reward(wrap("2**3"), p) == (0.5, False)  # a power is scored, in a child process
+    # the generator's own answer is scored even where it holds a word the code filter stops (before: 0 points)
+    words = make_task("reasoning_gym", generator="word_sorting")
+    w = words.problems("train", 1, seed=0)[0]
+    w = dataclasses.replace(w, answer=w.answer + ", open", meta={"entry": {**w.meta["entry"],
+                            "answer": w.meta["entry"]["answer"] + ", open"}})  # fmt: skip
+    assert words.check(w.answer, w) and not words.check(w.answer.replace(", open", ", open()"), w)
     # a scorer that never returns is killed after the limit and gives no credit
     t0 = time.perf_counter()
     assert _score_in_child(lambda a, e: time.sleep(60) or 1.0, "9**9**9**9", {}, timeout=0.5) == 0.0
@@ -289,5 +296,6 @@ def test_a_numeric_answer_among_plain_words_is_that_number():
     for gold, answer, right in [("18", "18 dollars", True), ("1000", "1,000 dollars", True), ("18", "It is 18.", True),
                                 ("-18", "It is -18", True), ("18", "17 dollars", False), ("18", "18 and 19", False),
                                 ("18", "18x", False), ("x+1", "x + 1", symbolic), ("71", "7,1", False),
-                                ("123", "1,2,3", False), ("1234", "1,234", True)]:  # fmt: skip
+                                ("123", "1,2,3", False), ("1234", "1,234", True), ("5", ".5", False),
+                                ("50", "$.50", False), ("0.5", ".5", symbolic)]:  # fmt: skip
         assert task.check(answer, Problem("q", gold)) is right, (gold, answer)
