@@ -288,6 +288,12 @@ def section(out: dict) -> str:
     return "\n".join(lines)
 
 
+def _state(start: str) -> str:
+    """A measured state, as `start` names it (RUN:STEP, or 'warm start'), with the run's folder resolved."""
+    run, sep, step = start.rpartition(":")
+    return f"{Path(run).resolve()}:{step}" if sep else start
+
+
 def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: list[str], start: str,
          horizons: list[int], choose: list[str] | None = None, space: str = "grad",
          label: str = "", alpha_max: float = 1.0) -> dict:  # fmt: skip
@@ -316,6 +322,16 @@ def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: 
     recorded = json.loads(Path(base).read_text())["seed"] if base.endswith(".json") else 0
     if seed is None:  # the run's own training pool and prompts, or seed 0's at the warm start
         seed = recorded
+    tag = f"_seed{seed}" if seed else ""  # seed 0 at the warm start keeps the first results' name
+    if start:  # another seed than the run's own samples another prompt batch: it must not share the run's name
+        tag = "_" + "_".join(Path(start.rsplit(":", 1)[0]).parts[-3:]) + f"_{at[1]}"
+        tag += f"_seed{seed}" if seed != recorded else ""
+    tag += ("_adam" if space == "adam" else "") + (f"_{label}" if label else "")
+    path = ROOT / "benchmarks" / "results" / f"gradient_bias_{preset_name}_{quant}{tag}.json"
+    held = json.loads(path.read_text()).get("start") if path.exists() else None
+    if held is not None and _state(held) != _state(start or "warm start"):  # the name keeps a run path's last parts
+        raise ValueError(f"{path.relative_to(ROOT)} holds the measurement of another state ({held}); pass tag=NAME "
+                         "to write this one beside it")  # fmt: skip
     common = [f"seed={seed}"]
     g_ref, g, rows = [], {m: [] for m in methods}, {m: [] for m in methods}
     t0 = time.perf_counter()
@@ -342,15 +358,10 @@ def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: 
     for name, r in res.items():
         if isinstance(r, dict) and name != "calibration":
             print(f"{name:>10}: " + "  ".join(f"{k} {v:.4g}" for k, v in r.items()))
-    tag = f"_seed{seed}" if seed else ""  # seed 0 at the warm start keeps the first results' name
-    if start:  # another seed than the run's own samples another prompt batch: it must not share the run's name
-        tag = "_" + "_".join(Path(start.rsplit(":", 1)[0]).parts[-3:]) + f"_{at[1]}"
-        tag += f"_seed{seed}" if seed != recorded else ""
-    tag += ("_adam" if space == "adam" else "") + (f"_{label}" if label else "")
     out = {"preset": preset_name, "quant": quant, "seed": seed, "salts": salts, "start": start or "warm start",
            "space": space, "results": res, "seconds": time.perf_counter() - t0, "machine": machine(),
            "command": command(__file__)}  # fmt: skip
-    write_json(ROOT / "benchmarks" / "results" / f"gradient_bias_{preset_name}_{quant}{tag}.json", out)
+    write_json(path, out)
     update_section(ROOT / "BENCHMARKS.md", f"gradient_bias_{preset_name}_{quant}{tag}", section(out))
     return out
 

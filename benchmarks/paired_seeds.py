@@ -171,10 +171,11 @@ def main(
     name = "_".join([*([tag] if tag else []), fmt, *([] if metric == "reward" else [metric])])
     path = ROOT / f"benchmarks/results/paired_{name}.json"
     old = json.loads(path.read_text()) if path.exists() and not overwrite else result
-    if (old.get("dirs"), sorted(old.get("vs_full_precision", {}))) != (result["dirs"], sorted(methods)):
-        raise ValueError(f"{path.relative_to(ROOT)} holds a comparison of other folders or methods ({old.get('dirs')}, "
-                         f"{sorted(old.get('vs_full_precision', {}))}), which the docs may cite: pass tag=NAME to "
-                         "write another file, or overwrite=true to replace it")  # fmt: skip
+    was = (old.get("dirs"), sorted(old.get("vs_full_precision", {})), old.get("steps", result["steps"]))
+    if was != (result["dirs"], sorted(methods), result["steps"]):
+        raise ValueError(f"{path.relative_to(ROOT)} holds a comparison of other folders, methods or steps ({was[0]}, "
+                         f"{was[1]}, steps {was[2]}), which the docs may cite: pass tag=NAME to write another file, "
+                         "or overwrite=true to replace it")  # fmt: skip
     write_json(path, result)
     return result
 

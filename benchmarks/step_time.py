@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from aisrl.bench.cli import command
 from aisrl.bench.report import machine, machine_line, update_section, write_json
 from aisrl.report import TRAIN_PARTS
 from aisrl.train_config import load_config
@@ -44,13 +45,14 @@ if __name__ == "__main__":
         "ais_overhead_percent": 100 * sec["time_correction"] / step,
         "wall_seconds": wall,
         "machine": machine(),
+        "command": command(__file__, [name]),  # the run named, and the thread count it ran with
     }
     write_json(ROOT / f"benchmarks/results/step_time_{name}.json", result)
     rows = "\n".join(f"| {p[5:]} | {sec[p]:.3f} | {100 * sec[p] / step:.1f}% |" for p in PHASES)
     rows += "".join(f"\n| &nbsp;&nbsp;train: {p[5:]} | {sec[p]:.3f} | {100 * sec[p] / step:.1f}% |"
                     for p in TRAIN_PARTS)  # fmt: skip
     body = (
-        f"Command: `python benchmarks/step_time.py {name}` (preset `{preset}` with {' '.join(overrides)}; "
+        f"Command: `{result['command']}` (preset `{preset}` with {' '.join(overrides)}; "
         f"{machine_line(result['machine'])}; mean over steps).\n\n"
         f"| phase | seconds/step | share |\n|---|---|---|\n{rows}\n"
         f"| **step** | **{step:.3f}** | AIS (`correct`) overhead: **{result['ais_overhead_percent']:.2f}%** |\n"

@@ -44,6 +44,9 @@ def test_the_recorded_command_carries_the_thread_setting_it_ran_with(tmp_path, m
     monkeypatch.delenv("OMP_NUM_THREADS")
     monkeypatch.setattr(sys, "argv", ["a.py", "tag=a"])
     assert command("a.py") == "python benchmarks/a.py tag=a"
+    # an argument a shell would split is quoted, so the line runs again (before: strengths=[0.05, 0.2] bare)
+    assert command("a.py", ["strengths=[0.05, 0.2]", "start=my runs/x:5"]) == (
+        "python benchmarks/a.py 'strengths=[0.05, 0.2]' 'start=my runs/x:5'")
     # the two scripts that wrote OMP_NUM_THREADS=2 into their command whatever the run's setting (the measurements
     # themselves are left out: a pull that changes nothing, a study of no runs)
     cp, cm = load_benchmark("copy_pull"), load_benchmark("checkpoint_mismatch")

@@ -220,6 +220,8 @@ def test_unknown_policy_and_bad_sizes_are_clear_errors():
     for key, (value, message) in bad.items():
         with pytest.raises(ValueError, match=message):
             run(EstimatorBenchConfig(**{key: value}))
+    with pytest.raises(ValueError, match=r"variants \['c4'\] are scored from AIS's diagnostics .*: add ais"):
+        run(EstimatorBenchConfig(methods=["none", "tis"], variants=["c4"]))  # before: no variant, no error
     run(EstimatorBenchConfig(policy="markov", length=20, batches=2, instances=1, strengths=[0.1], sharpness=[1.0]))
 
 

@@ -216,3 +216,12 @@ def test_a_seed_other_than_the_runs_own_gets_its_own_results_at_a_checkpoint(tmp
                      "gradient_bias_lab_columns_mxfp4_w4a4_fmt_tis_seed3_80_seed5"]  # fmt: skip
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert text.count("<!-- BEGIN gradient_bias_lab_columns_mxfp4_w4a4_fmt_tis_seed3_80") == 2
+    # the same last three folders in another study: refused before measuring, not written over the first
+    other = tmp_path / "other" / "fmt" / "tis" / "seed3"
+    other.mkdir(parents=True)
+    (other / "config.json").write_text(json.dumps({"seed": 3}))
+    used.clear()
+    with pytest.raises(ValueError, match="holds the measurement of another state .*; pass tag=NAME"):
+        gb.main(None, "mxfp4_w4a4", None, 3, ["none", "tis"], f"{other}:80", [1, 10])
+    assert not used
+    gb.main(None, "mxfp4_w4a4", None, 3, ["none", "tis"], f"{run}:80", [1, 10])  # the same state: measured again

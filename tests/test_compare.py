@@ -491,8 +491,10 @@ def test_paired_seeds_reads_every_score_of_a_seed_from_one_run_and_protects_publ
     out = mod.main([*dirs[:2], tmp_path / "tied"], "fmt", ["tis", "none"], steps=2, tag="t")
     assert out["pairs"]["none-tis"]["ties"] == 1 and out["pairs"]["none-tis"]["sign_p"] is None
     # a file the docs may cite is not replaced by a comparison of other folders or methods
-    with pytest.raises(ValueError, match="holds a comparison of other folders or methods"):
+    with pytest.raises(ValueError, match="holds a comparison of other folders, methods or steps"):
         mod.main([tmp_path / "ref", tmp_path / "tied"], "fmt", ["none"], steps=2, tag="t")
+    with pytest.raises(ValueError, match=r"steps 2\)"):  # before: a shorter comparison replaced it silently
+        mod.main([*dirs[:2], tmp_path / "tied"], "fmt", ["tis", "none"], steps=1, tag="t")
     assert mod.main([tmp_path / "ref", tmp_path / "tied"], "fmt", ["none"], steps=2, tag="t", overwrite=True)
     with pytest.raises(ValueError, match="no such study folder"):
         mod.main([tmp_path / "nowhere"], "fmt", ["tis"], steps=2)

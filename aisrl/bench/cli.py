@@ -4,6 +4,7 @@ runs, and the command a result records."""
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -44,4 +45,5 @@ def command(script: str, argv: list[str] | None = None) -> str:
     and through the order of reductions the last bits of some figures."""
     threads = os.environ.get("OMP_NUM_THREADS")
     env = [f"OMP_NUM_THREADS={threads}"] if threads else []
-    return " ".join([*env, "python", f"benchmarks/{Path(script).name}", *(sys.argv[1:] if argv is None else argv)])
+    args = sys.argv[1:] if argv is None else argv  # quoted as a shell needs them: strengths="[0.05, 0.2]" runs again
+    return " ".join([*env, "python", f"benchmarks/{Path(script).name}", *(shlex.quote(a) for a in args)])

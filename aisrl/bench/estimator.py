@@ -344,6 +344,9 @@ def check(cfg: EstimatorBenchConfig) -> None:
         unknown = sorted(set(names) - set(valid))
         if unknown:
             raise ValueError(f"unknown {key} {unknown}; choose from {sorted(valid)}")
+    if cfg.variants and "ais" not in cfg.methods:
+        raise ValueError(f"variants {cfg.variants} are scored from AIS's diagnostics of each batch: add ais to "
+                         "methods, or drop variants")  # fmt: skip
     for key, low in (("vocab", 2), ("length", 1), ("groups", 1), ("group_size", 2), ("instances", 1)):
         if getattr(cfg, key) < low:
             raise ValueError(f"{key} must be >= {low}, got {getattr(cfg, key)}")
