@@ -356,6 +356,9 @@ def validate(cfg: TrainConfig) -> None:
             raise ValueError(f"correction settings: {e}") from e
     if calibrating and cfg.correction.calibrate_rule == "mix":
         check_mixable(cfg.correction.candidates, lambda name: correction_options(cfg, None, name))
+    if cfg.correction.bypass and cfg.correction.guard > 0:
+        raise ValueError("correction.bypass=true scores with the rollout log-probs themselves, so the k3 KL the guard "
+                         "watches is 0 at every step: drop correction.guard or the bypass")  # fmt: skip
     if cfg.correction.guard < 0 or 0 < cfg.correction.guard <= 1:
         raise ValueError(f"correction.guard is a factor over the recent k3 KL: 0 (off) or above 1, e.g. 4; "
                          f"got {cfg.correction.guard}")  # fmt: skip
@@ -367,6 +370,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"unknown agg {cfg.agg!r}; choose from {list(AGGREGATIONS)}")
     if cfg.loss not in LOSSES:
         raise ValueError(f"unknown loss {cfg.loss!r}; choose from {sorted(LOSSES)}")
+    if cfg.loss == "tbpo" and cfg.agg != TrainConfig.agg:
+        raise ValueError(f"agg={cfg.agg!r} is the grpo loss's aggregation; tbpo always averages over sequences: "
+                         "leave agg at its default with loss=tbpo")  # fmt: skip
     if cfg.dual_clip and cfg.dual_clip <= 1:
         raise ValueError(f"dual_clip must be 0 (off) or > 1, got {cfg.dual_clip}")
     if cfg.rollout.align and (cfg.rollout.quant == "none" or cfg.lora.r > 0):
@@ -461,6 +467,9 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.lora.r < 0 or not 0 <= cfg.lora.dropout < 1:
         raise ValueError(f"lora.r must be >= 0 (0: full fine-tuning) and lora.dropout in [0, 1); got r={cfg.lora.r}, "
                          f"dropout={cfg.lora.dropout}")  # fmt: skip
+    if cfg.lora.r > 0 and not cfg.lora.alpha > 0:  # the adapters' scale alpha / r: at 0 they add and learn nothing
+        raise ValueError(f"lora.alpha must be > 0 with lora.r > 0 (the adapters are scaled by alpha / r); got "
+                         f"{cfg.lora.alpha}")  # fmt: skip
     if cfg.model.name == "lab":  # a task setting the lab would silently ignore is refused
         ignored = [f"{k}={v!r}" for k, v, default in (("task", cfg.task, TrainConfig.task),
                    ("dataset", cfg.dataset, ""), ("task_options", cfg.task_options, {})) if v != default]  # fmt: skip

@@ -131,7 +131,8 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
     gradient is not finite (one inf would turn the weights NaN for good, clipped or not); `update_skipped` is the
     fraction of epochs that took none."""
     (tok_total,) = all_sum(res.mask.sum().double())
-    acc: dict[str, float] = {"time_optimizer": 0.0, "update_skipped": 0.0}
+    acc: dict[str, float] = {"time_optimizer": 0.0}
+    skipped = 0
     for _ in range(cfg.epochs):
         opt.zero_grad()
         for k, v in accumulate_gradient(cfg, model, ref, r, old_logp, adv, res, score, order).items():
@@ -146,8 +147,9 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
         if tok_total > 0 and math.isfinite(norm):  # after an all-reduce every rank sees the same norm
             opt.step()
         else:
-            acc["update_skipped"] += 1 / cfg.epochs
+            skipped += 1
         acc["time_optimizer"] += _clock(model) - t0
+    acc["update_skipped"] = skipped / cfg.epochs  # exactly 1.0 when no epoch stepped (a sum of 1/epochs is not)
     return acc
 
 

@@ -191,6 +191,9 @@ save_checkpoint({str(tmp_path)!r}, 2, m, torch.optim.AdamW(m.parameters()), {{}}
         (["task=dataset", "dataset=d.jsonl"], "or clear task and dataset"),
         (["model.name=smollm2", "dataset=d.jsonl"], "dataset='d.jsonl' is set, but task='arithmetic' does not read it"),
         (["correction.ema=-1"], "ema must be in [0, 1)"),
+        (["lora.r=4", "lora.alpha=0"], "lora.alpha must be > 0 with lora.r > 0"),  # before: trained nothing
+        (["loss=tbpo", "agg=seq-mean-token-sum"], "tbpo always averages over sequences"),
+        (["correction.bypass=true", "correction.guard=4"], "the k3 KL the guard watches is 0 at every step"),
         (["rollout.engine=static", "correction.calibrate_every=1"], "calibrate with rollout.engine=hf, or set"),
         (["correction.name=icepop", "correction.options={'floor': 0.5}"], "it accepts ['low', 'high']"),
         (["correction.options={'cap': 3}"], "correction.options sets ['cap']: set them with their own keys"),

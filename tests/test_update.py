@@ -84,3 +84,20 @@ def test_guard_copies_no_frozen_weight_even_one_tied_under_a_second_name():
     assert sorted(guard.saved[0]) == ["1.bias", "1.weight"]  # before: "2.weight", the frozen embedding, was copied
     guard.forget()
     assert guard.saved is None and not guard.restore(model, None)
+
+
+def test_a_step_with_every_token_rejected_is_skipped_whole_at_any_epoch_count(monkeypatch):
+    # the trainer tests update_skipped == 1 to know nothing moved; before, six epochs summed 1/6 six times to 0.999...
+    model = torch.nn.Linear(2, 1, bias=False)
+
+    def one_epoch(*args):
+        model.weight.grad = torch.ones_like(model.weight)
+        return {"loss": 0.0}
+
+    monkeypatch.setattr(up, "accumulate_gradient", one_epoch)
+    nothing = SimpleNamespace(mask=torch.zeros(1, 3, dtype=torch.bool))
+    for epochs in (1, 3, 6, 7, 10):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        acc = up._update(SimpleNamespace(epochs=epochs, grad_clip=1.0), model, None, opt, None, None, None, nothing,
+                         None, None)  # fmt: skip
+        assert acc["update_skipped"] == 1.0, epochs
