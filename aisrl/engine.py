@@ -35,7 +35,7 @@ import torch
 from aisrl.engine_ops import E4M3_MAX, STAGES, CompiledStage, Linear, prefill_attention
 from aisrl.kernels import decode_attention, kernel_supports, triton_available
 from aisrl.lora import merged_state
-from aisrl.quant import PRESETS, QuantConfig, _amax_scale, check_keep, is_kept, quant_config
+from aisrl.quant import PRESETS, QuantConfig, amax_scale, check_keep, is_kept, quant_config
 from aisrl.rollout import Rollout, SamplingParams, _positions, device_of, eos_list, left_pad
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3")
@@ -263,7 +263,7 @@ class Engine:
                 _, _, _, k, v = f["qkv"](qkv, qn, kn, cos, sin, st.ks[i], st.vs[i], (B, S, H, Hk, D), eps, False)
                 for t, sc in ((k, st.ks[i]), (v, st.vs[i])):
                     amax = t.abs().masked_fill(~valid[:, :, None, None], 0).amax(dim=(1, 3)).float()  # (B, Hk)
-                    sc.copy_(_amax_scale(amax, E4M3_MAX))  # 1 where amax is 0 or underflows; NaN stays NaN
+                    sc.copy_(amax_scale(amax, E4M3_MAX))  # 1 where amax is 0 or underflows; NaN stays NaN
             q, kq, vq, _, _ = f["qkv"](qkv, qn, kn, cos, sin, st.ks[i], st.vs[i], (B, S, H, Hk, D), eps, self.kv_fp8)
             if valid is None:
                 for cache, new in ((st.k[i], kq), (st.v[i], vq)):  # FP8 bytes copied as bytes (CPU has no FP8 copy)

@@ -59,7 +59,7 @@ def fake_float(x: torch.Tensor, fmt: str) -> torch.Tensor:
     return q.clamp(-max_val, max_val)
 
 
-def _amax_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
+def amax_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
     """amax / qmax, and 1 for an all-zero group or one so small that amax / qmax underflows to 0 in FP32 (amax below
     about 1e-42: its values then round to 0, where a scale of 0 would make them NaN); a NaN or inf amax stays
     non-finite, so a non-finite value makes its whole group NaN (as on the hardware) instead of silently rescaling
@@ -82,14 +82,14 @@ def quantize_fp8(w: torch.Tensor, fmt: str = "e4m3", granularity: str = "channel
     qmax = FLOAT_FORMATS[fmt][3]
     w = w.float()
     if granularity == "tensor":
-        s = _amax_scale(w.abs().amax(), qmax)
+        s = amax_scale(w.abs().amax(), qmax)
         return fake_float(w / s, fmt) * s
     if granularity == "channel":
-        s = _amax_scale(w.abs().amax(dim=1, keepdim=True), qmax)  # (O, 1)
+        s = amax_scale(w.abs().amax(dim=1, keepdim=True), qmax)  # (O, 1)
         return fake_float(w / s, fmt) * s
     if granularity == "block":
         b, undo = _blocks(w, block, block)
-        s = _amax_scale(b.abs().amax(dim=(1, 3), keepdim=True), qmax)  # (O/b, 1, I/b, 1)
+        s = amax_scale(b.abs().amax(dim=(1, 3), keepdim=True), qmax)  # (O/b, 1, I/b, 1)
         return undo(fake_float(b / s, fmt) * s)
     raise ValueError(f"unknown granularity {granularity!r}; choose from ['block', 'channel', 'tensor']")
 
@@ -100,9 +100,9 @@ def quantize_int(w: torch.Tensor, bits: int, group: int | None = None) -> torch.
     w = w.float()
     if group:
         b, undo = _blocks(w, 1, group)
-        s = _amax_scale(b.abs().amax(dim=-1, keepdim=True), qmax)
+        s = amax_scale(b.abs().amax(dim=-1, keepdim=True), qmax)
         return undo(torch.round(b / s).clamp(-qmax, qmax) * s)
-    s = _amax_scale(w.abs().amax(dim=-1, keepdim=True), qmax)
+    s = amax_scale(w.abs().amax(dim=-1, keepdim=True), qmax)
     return torch.round(w / s).clamp(-qmax, qmax) * s
 
 
@@ -121,9 +121,9 @@ def quantize_nvfp4(w: torch.Tensor, block: int = 16, per_row: bool = False) -> t
     per_row=True: activations, so a token's quantisation never depends on the other tokens of the batch)."""
     w = w.float()
     amax = w.abs().amax(dim=-1, keepdim=True) if per_row else w.abs().amax()
-    g = _amax_scale(amax, 448.0 * 6.0)  # the second-level scale, so block scales fit E4M3
+    g = amax_scale(amax, 448.0 * 6.0)  # the second-level scale, so block scales fit E4M3
     b, undo = _blocks(w / g, 1, block)
-    s = fake_float(_amax_scale(b.abs().amax(dim=-1, keepdim=True), 6.0), "e4m3")
+    s = fake_float(amax_scale(b.abs().amax(dim=-1, keepdim=True), 6.0), "e4m3")
     s = torch.where(s == 0, torch.ones_like(s), s)  # an all-zero block; a NaN one stays NaN
     return undo(fake_float(b / s, "e2m1") * s) * g
 
@@ -133,7 +133,7 @@ def quantize_act(x: torch.Tensor, fmt: str) -> torch.Tensor:
     x = x.float()
     if fmt == "int8":
         return quantize_int(x, 8)
-    s = _amax_scale(x.abs().amax(dim=-1, keepdim=True), FLOAT_FORMATS[fmt][3])
+    s = amax_scale(x.abs().amax(dim=-1, keepdim=True), FLOAT_FORMATS[fmt][3])
     return fake_float(x / s, fmt) * s
 
 
@@ -352,4 +352,4 @@ def kv_scales(x: torch.Tensor, mask: torch.Tensor | None = None, margin: float =
     a = x.detach().abs()
     if mask is not None:
         a = a.masked_fill(~mask[:, None, :, None].to(a.device), 0)
-    return _amax_scale(a.amax(dim=(2, 3), keepdim=True).float() * margin, 448.0)
+    return amax_scale(a.amax(dim=(2, 3), keepdim=True).float() * margin, 448.0)
