@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections import Counter
 
 import torch
 
@@ -160,7 +161,7 @@ class AISGRPOTrainer(GRPOTrainer):
             else:
                 args = (args[0], train_args, *args[2:])
         self._aisrl = {"name": correction, "options": dict(correction_options or {}), "prev_alpha": None}
-        self._rollout, self._synced_step, self._generations = None, None, {"train": 0, "eval": 0}
+        self._rollout, self._synced_step, self._generations = None, None, Counter()  # batches per mode this step
         if rollout_quant is not None:  # copy before TRL patches the model's forward in place
             self._rollout = copy.deepcopy(model).eval().requires_grad_(False)
             if rollout_quant != "none":
@@ -196,7 +197,7 @@ class AISGRPOTrainer(GRPOTrainer):
                              "use TRL's generation (rollout_quant=None with use_vllm=True) for vision-language models")
         if self._synced_step != self.state.global_step:  # the optimiser stepped: re-quantise its weights
             sync_weights(self.accelerator.unwrap_model(self.model).state_dict(), self._rollout)
-            self._synced_step, self._generations = self.state.global_step, {"train": 0, "eval": 0}
+            self._synced_step, self._generations = self.state.global_step, Counter()
         mode = "train" if self.model.training else "eval"
         self._generations[mode] += 1  # a step may generate several batches (steps_per_generation)
         params = SamplingParams(self.max_completion_length, self.temperature)
@@ -216,8 +217,8 @@ class AISGRPOTrainer(GRPOTrainer):
     # -- the correction, folded into per-token advantages ------------------------------------------------
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
-        if self._aisrl["name"] == "none" and "sampling_per_token_logps" not in out and not self._aisrl["options"].get(
-                "veto"):  # fmt: skip
+        vetoes = bool(self._aisrl["options"].get("veto"))
+        if self._aisrl["name"] == "none" and not vetoes and "sampling_per_token_logps" not in out:
             return out
         if "sampling_per_token_logps" not in out:  # TRL sets it only when the sampler reported log-probs
             raise ValueError(f"correction {self._aisrl['name']!r} needs the log-probs the rollouts were sampled with, "
@@ -234,7 +235,7 @@ class AISGRPOTrainer(GRPOTrainer):
         res = correct(self._aisrl["name"], old_logp, rollout_logp, mask.bool(), **opts)
         adv = out["advantages"]
         if self._aisrl["name"] == "none":  # TRL's loss as it is: `correct` would zero a token vLLM could not score
-            if opts.get("veto"):  # ... but a veto asked for still drops its sequences, and only them
+            if vetoes:  # ... but a veto asked for still drops its sequences, and only them
                 usable = prepare(old_logp, rollout_logp, mask.bool()).mask  # (N, T) tokens `correct` could judge
                 kept = ~(usable & ~res.mask.to(usable.device)).any(-1)  # (N,) sequences the veto left alone
                 kept = kept.to(adv.device, adv.dtype)
