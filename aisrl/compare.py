@@ -273,9 +273,10 @@ def run_study(cfg: CompareConfig, log=print) -> dict:
 
             build(base)  # the causal or the diffusion lab model, as the preset says
         (_run_here if cfg.jobs == 1 else _run_subprocesses)(todo, cfg, log)
+    done = {r: finished_rows(r.path(cfg.out), base.max_steps) for r in runs}  # read once, after training
     if cfg.final_samples > 0:
-        _evaluate_finals(cfg, runs, base.max_steps, log)
-    result = aggregate(cfg, runs, base.max_steps)
+        _evaluate_finals(cfg, [r for r in runs if (not cfg.only or r.group in cfg.only) and done[r] is not None], log)
+    result = aggregate(cfg, runs, base.max_steps, done)
     from aisrl.bench.report import write_json
 
     if result["mixed_starts"]:
@@ -339,15 +340,15 @@ def train_subprocesses(runs: list[tuple[str, list[str], Path]], jobs: int, log) 
                          "and re-run the same command to resume them")  # fmt: skip
 
 
-def _evaluate_finals(cfg: CompareConfig, runs: list[Run], max_steps: int, log) -> None:
-    """Score every finished run's final model (cached per run, so a re-run only scores new runs)."""
+def _evaluate_finals(cfg: CompareConfig, done: list[Run], log) -> None:
+    """Score the final model of every run in `done` (finished ones; cached per run, so a re-run only scores new
+    runs)."""
     from aisrl.final_eval import evaluate_final, supported
     from aisrl.train_config import load_config
 
     if not supported(load_config(cfg.preset, cfg.train)):
         log("compare: final-model scores need full-parameter causal runs (no LoRA, no diffusion); skipped")
         return
-    done = [r for r in runs if (not cfg.only or r.group in cfg.only) and finished(r.path(cfg.out), max_steps)]
     for i, run in enumerate(done, 1):
         if i == 1 or i % 10 == 0:
             log(f"compare: scoring final models, {i}/{len(done)}")
@@ -420,8 +421,9 @@ def _corr(xs: list, ys: list) -> float | None:
         return None
 
 
-def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
-    """Per group: the seeds' summaries and their mean/std; groups without finished runs are listed as missing."""
+def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int, done: dict | None = None) -> dict:
+    """Per group: the seeds' summaries and their mean/std; groups without finished runs are listed as missing.
+    `done` maps runs to their finished_rows where the caller read them already."""
     from aisrl.bench.report import machine
     from aisrl.checkpoint import run_start
     from aisrl.final_eval import cached_scores
@@ -430,7 +432,8 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int) -> dict:
     for run in runs:
         g = groups.setdefault(run.group, {"format": run.fmt, "method": run.method, "reference": run.reference,
                                           "runs": {}, "missing": []})  # fmt: skip
-        rows = finished_rows(run.path(cfg.out), max_steps)  # not rows alone: a run killed saving its last step has them
+        # finished rows, not rows alone: a run killed saving its last step has them
+        rows = done[run] if done is not None else finished_rows(run.path(cfg.out), max_steps)
         if rows is not None:
             g["runs"][str(run.seed)] = summarize_run(rows[:max_steps], cfg.collapse_fraction, cfg.fall)
             g["runs"][str(run.seed)]["start"] = run_start(run.path(cfg.out))

@@ -359,6 +359,7 @@ class JsonlMath(Task):
             raise ValueError(f"{path} holds no problems; give a dataset with 'question' and 'answer' rows")
 
     def problems(self, split, n, seed=0):
+        """Up to n distinct problems of `split`: a file holds what it holds (the trainer says when it is fewer)."""
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         pool = [p for p in self.rows if _split_of(p.question) == split]

@@ -148,9 +148,16 @@ def make_policy(cfg: TrainConfig, tok, model=None):
 
 
 def problem_sets(cfg: TrainConfig, task) -> tuple[list, list]:
-    """(training pool, held-out set) of a run: fixed by its seed, so every consumer sees the same problems."""
-    return task.problems("train", cfg.train_problems, seed=cfg.seed), task.problems(
-        "test", cfg.eval_problems, seed=cfg.seed + 1)  # fmt: skip
+    """(training pool, held-out set) of a run: fixed by its seed, so every consumer sees the same problems. A
+    dataset file gives what it holds: fewer than asked is said, since the held-out accuracy is then over fewer."""
+    pool = task.problems("train", cfg.train_problems, seed=cfg.seed)
+    held = task.problems("test", cfg.eval_problems, seed=cfg.seed + 1)
+    for split, key, got, asked in (("training", "train_problems", pool, cfg.train_problems),
+                                   ("held-out", "eval_problems", held, cfg.eval_problems)):  # fmt: skip
+        if 0 < len(got) < asked:
+            warnings.warn(f"the task gives {len(got)} {split} problems where {key}={asked} asked for more (a dataset "
+                          f"holds what it holds); set {key}={len(got)} to say so", stacklevel=2)  # fmt: skip
+    return pool, held
 
 
 def completion_texts(tok, r) -> list[str]:
@@ -196,7 +203,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
     model, tok, task, encode = build(cfg)
     torch.manual_seed(cfg.seed)  # after build: the same state whether or not the lab model came from the cache
     model.to(device).train()
-    rollout, sync = _rollout_model(cfg, model, device, task, encode)
+    pool, held = problem_sets(cfg, task)
+    rollout, sync = _rollout_model(cfg, model, device, pool + held, encode)
     kv_fp8 = getattr(getattr(rollout, "quant_config", None), "kv_cache", False)
     if cfg.rollout.align:  # QaRL: the trainer computes in the rollout format, gradients reach FP32 weights
         align_(model, rollout_format(cfg))
@@ -213,7 +221,6 @@ def train(cfg: TrainConfig, log=print) -> dict:
     opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
     policy = make_policy(cfg, tok, model)
-    pool, held = problem_sets(cfg, task)
     fit = pool[: cfg.eval_problems]  # training prompts: how well RL fits what it trains on, next to held-out
 
     def evaluations(suffix: str = "") -> dict:
@@ -397,12 +404,12 @@ def _guard_state(cfg: TrainConfig, extra: dict, log) -> dict:
     return {"history": extra.get("k3", []), "saved": undo}
 
 
-def _rollout_model(cfg: TrainConfig, model, device, task, encode):
+def _rollout_model(cfg: TrainConfig, model, device, problems, encode):
     """(rollout, sync): the low-precision copy that samples - a fake-quantised Hugging Face model, or the
-    static-cache engine sized for the longest prompt of the task's splits - and the function that loads the
+    static-cache engine sized for the longest prompt among `problems` (the run's) - and the function that loads the
     trainer's weights into it, returning the seconds it took."""
     if cfg.rollout.engine == "static":
-        engine = static_engine(cfg, model, device, task, encode, rollout_format(cfg))
+        engine = static_engine(cfg, model, device, problems, encode, rollout_format(cfg))
         return engine, engine.sync
     rollout = copy.deepcopy(model).eval()
     if cfg.rollout.quant != "none":
@@ -410,12 +417,12 @@ def _rollout_model(cfg: TrainConfig, model, device, task, encode):
     return rollout, functools.partial(sync_weights, rollout=rollout)
 
 
-def static_engine(cfg: TrainConfig, model, device, task, encode, quant, dtype=None):
+def static_engine(cfg: TrainConfig, model, device, problems, encode, quant, dtype=None):
     """An aisrl.engine.Engine of `model` in the format `quant` (None: full precision, in `dtype` or the engine's
-    default), sized for the longest prompt of the task's splits."""
+    default), sized for the longest prompt among `problems` (the run's training pool and held-out set)."""
     from aisrl.engine import Engine
 
-    width = max(len(encode(p)) for p in sum(problem_sets(cfg, task), []))
+    width = max(len(encode(p)) for p in problems)
     return Engine(model, quant, max_len=width + cfg.rollout.max_new_tokens, device=device, dtype=dtype)
 
 

@@ -97,13 +97,14 @@ def setup(preset: str, quant: str, start: str, overrides: tuple[str, ...] = ()) 
     cfg = load_config(preset, [f"rollout.quant={quant}", *overrides])
     model, tok, task, encode = build(cfg)
     model.train()
-    rollout, sync = _rollout_model(cfg, model, torch.device("cpu"), task, encode)
+    pool, held = problem_sets(cfg, task)
+    rollout, sync = _rollout_model(cfg, model, torch.device("cpu"), pool + held, encode)
     set_alignment(align_(model, quant_config(quant)), False)
 
     def rewards(r, problems) -> list[float]:
         return [s[0] for s in task_rewards(task, tok, r, problems)]
 
-    probe = Probe(cfg, model, rollout, sync, make_policy(cfg, tok, model), encode, problem_sets(cfg, task)[0], rewards)
+    probe = Probe(cfg, model, rollout, sync, make_policy(cfg, tok, model), encode, pool, rewards)
     return probe.load(start) if start else probe
 
 

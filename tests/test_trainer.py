@@ -257,7 +257,7 @@ def test_rollout_keep_leaves_those_layers_of_the_rollout_copy_in_full_precision(
 
     cfg = load_config("lab", [*TINY, "rollout.quant=nvfp4_w4a4", "rollout.keep=[model.layers.0.self_attn.*]"])
     model, _, task, encode = build(cfg)
-    rollout, sync = _rollout_model(cfg, model, torch.device("cpu"), task, encode)
+    rollout, sync = _rollout_model(cfg, model, torch.device("cpu"), [], encode)  # an HF copy needs no prompts
     quantised = {n for n, m in rollout.named_modules() if isinstance(m, FakeQuantLinear)}
     assert quantised and not any(n.startswith("model.layers.0.self_attn.") for n in quantised)
     assert any(n.startswith("model.layers.0.mlp.") for n in quantised)
@@ -610,6 +610,25 @@ def test_task_options_and_dataset_reach_the_task():
     assert (task.generator, task.options) == ("chain_sum", {"max_terms": 2})
     task = _file_or_named_task(load_config("lab", ["model.name=smollm2", "task_options={'max_operand': 7}"]))
     assert task.max_operand == 7
+
+
+def test_a_dataset_smaller_than_the_sets_asked_for_is_said_not_silently_shortened(tmp_path):
+    from aisrl.tasks import _split_of
+    from aisrl.trainer import _file_or_named_task, problem_sets
+
+    path = tmp_path / "small.jsonl"
+    questions = [f"What is {i} + {i}?" for i in range(40)]
+    path.write_text("\n".join(json.dumps({"question": q, "answer": str(2 * i)}) for i, q in enumerate(questions)))
+    n_test = sum(_split_of(q) == "test" for q in questions)  # counted here, by the split rule, not by the code under test
+    assert 0 < n_test < 40
+    args = ["model.name=smollm2", "task=jsonl", f"dataset={path}", "train_problems=500", f"eval_problems={n_test}"]
+    cfg = load_config("lab", args)
+    with pytest.warns(UserWarning) as caught:
+        pool, held = problem_sets(cfg, _file_or_named_task(cfg))
+    (said,) = [str(w.message) for w in caught]  # the held-out set is whole: only the training pool is said
+    assert (len(pool), len(held)) == (40 - n_test, n_test)
+    assert f"gives {40 - n_test} training problems where train_problems=500" in said
+    assert f"set train_problems={40 - n_test}" in said
 
 
 def test_correction_options_reach_the_correction(tmp_path, monkeypatch):
