@@ -133,7 +133,11 @@ class Arithmetic(Task):
 
     trace='flat' writes the worked solution as one equation (`23+48=71`); trace='columns' (addition only)
     works the digits right to left with the carry, `3+8=11,2+4+1=7`, a procedure a tiny model can learn
-    to apply to unseen operands rather than memorise."""
+    to apply to unseen operands rather than memorise.
+
+    A problem is its text: `8+7` and `7+8` are two problems, which may fall in different splits. Held-out
+    accuracy therefore credits a model that answers a training problem's twin by commutativity. The split stays
+    as it is, because every recorded problem set depends on it."""
 
     name = "arithmetic"
 
