@@ -170,7 +170,7 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
     pool, held = problem_sets(cfg, task)  # the run's own training pool and held-out set
     scorer = model
     if cfg.rollout.engine == "static":  # its draws are not the HF sampler's: the trained model samples through an
-        scorer = static_engine(cfg, model, device, pool + held, encode, None, torch.float32)  # FP32 engine, so seeds pair
+        scorer = static_engine(cfg, model, device, pool + held, encode, None, torch.float32)  # FP32 one: seeds pair
     with torch.no_grad(), _eval_mode(model):
         trained = _rewards(policy, scorer, task, tok, encode, pool, samples)
         if cfg.rollout.quant == "none" and cfg.rollout.engine == "hf":  # the run sampled with this very model

@@ -308,33 +308,27 @@ def train(cfg: TrainConfig, log=print) -> dict:
                 old_logp = _score_at(policy, model, r, step, cfg.precision)
         t["time_logprob"] = time.perf_counter() - t0
         score = functools.partial(_score_at, policy, step=step, precision=cfg.precision)  # (diffusion: its seed)
-        calibration = {}
+        errors = error_tokens(r.completion_ids, r.completion_mask, old_logp - r.rollout_logp)  # (N, T)
+        keep = ~errors if cfg.correction.mask_errors else None  # the tokens the loss keeps (QaRL's masking, if on)
+        calibration, record, picked = {}, None, end_point
         k = cfg.correction.calibrate_every  # calibrate on schedule, or first thing where no pick is known yet
         if k and ((step - 1) % k == 0 or not set(end_point) <= set(cfg.correction.candidates)):
             t0 = time.perf_counter()
             batch = (prompts, problems, seeds)
             g_full = _full_precision_gradient(cfg, model, ref, policy, task, tok, batch, step, score)
-            low = functools.partial(_gradient, cfg, model, ref, r, old_logp, adv, score=score, policy=policy)
+            # each candidate is judged on the tokens it would train on
+            low = functools.partial(_gradient, cfg, model, ref, r, old_logp, adv, score=score, policy=policy, keep=keep)
             options = functools.partial(correction_options, cfg, prev_alpha)
-            end_point, calibration, record = end_point_weights(
+            picked, calibration, record = end_point_weights(
                 cfg.correction.candidates, low, g_full, old_logp, r.rollout_logp, r.completion_mask, options,
                 rule=cfg.correction.calibrate_rule, keep=end_point, past=past)  # fmt: skip
-            if measured(record):  # an unmeasured calibration leaves the window's places to those that measured
-                past.append(record)
             t["time_calibrate"] = time.perf_counter() - t0
-        if cfg.correction.calibrate_every:  # the candidate of largest weight, and every weight
-            main = cfg.correction.candidates.index(max(end_point, key=end_point.get))
-            calibration["end_point"] = torch.tensor(float(main))
-            calibration.update({f"end_weight_{n}": torch.tensor(end_point.get(n, 0.0))
-                                for n in cfg.correction.candidates})  # fmt: skip
         t0 = time.perf_counter()
         res = combine({name: correct(name, old_logp, r.rollout_logp, r.completion_mask,
-                                     **correction_options(cfg, prev_alpha, name)) for name in end_point}, end_point)
-        errors = error_tokens(r.completion_ids, r.completion_mask, old_logp - r.rollout_logp)  # (N, T)
+                                     **correction_options(cfg, prev_alpha, name)) for name in picked}, picked)
         (n_err,) = all_sum(errors.sum().double())
         res.metrics["error_token_frac"] = n_err / res.metrics["num_tokens"].clamp(min=1)
-        if cfg.correction.mask_errors:
-            res = restrict(res, ~errors)
+        res = res if keep is None else restrict(res, keep)
         alpha = res.metrics["alpha"].item() if "alpha" in res.metrics else None
         tripped = guard.tripped(res.metrics["k3_kl"].item())
         if tripped:  # the last update left the rollout copy behind: undo it
@@ -345,6 +339,15 @@ def train(cfg: TrainConfig, log=print) -> dict:
             res.metrics["guard_rollback"] = torch.tensor(0.0)
         if cfg.correction.guard > 0:  # a jump with no update to undo: the guard's baseline starts again from it
             res.metrics["guard_rebase"] = torch.tensor(float(guard.rebased))
+        if not tripped:  # a tripped step measured weights now undone: its calibration neither picks nor is kept
+            end_point = picked
+            if record is not None and measured(record):  # an unmeasured one leaves its place to those that measured
+                past.append(record)
+        if cfg.correction.calibrate_every:  # the candidate of largest weight, and every weight
+            main = cfg.correction.candidates.index(max(end_point, key=end_point.get))
+            calibration["end_point"] = torch.tensor(float(main))
+            calibration.update({f"end_weight_{n}": torch.tensor(end_point.get(n, 0.0))
+                                for n in cfg.correction.candidates})  # fmt: skip
         t["time_correction"] = time.perf_counter() - t0
         # 4. mu epochs of the clipped loss over micro-batches, one optimizer step per epoch
         t0 = time.perf_counter()
@@ -439,8 +442,10 @@ def _full_precision_gradient(cfg: TrainConfig, model, ref, policy, task, tok, ba
     return _gradient(cfg, model, ref, full, old_logp, adv, plain, score, policy)
 
 
-def _gradient(cfg: TrainConfig, model, ref, r, old_logp, adv, res, score, policy) -> torch.Tensor:
-    """(P,) the flat gradient one update pass of this batch would take, left out of the model's .grad."""
+def _gradient(cfg: TrainConfig, model, ref, r, old_logp, adv, res, score, policy, keep=None) -> torch.Tensor:
+    """(P,) the flat gradient one update pass of this batch would take (on the tokens in `keep` (N, T), if given),
+    left out of the model's .grad."""
+    res = res if keep is None else restrict(res, keep)
     model.zero_grad(set_to_none=True)
     accumulate_gradient(cfg, model, ref, r, old_logp, adv, res, score, policy.order(r))
     g = flat_grad(model)

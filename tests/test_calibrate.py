@@ -304,6 +304,50 @@ def test_a_calibration_that_measured_nothing_keeps_no_place_in_the_window(tmp_pa
     assert all(f"calib_noise_{n}" in r[4] for n in ("tis", "prefix_tis", "seq_tis"))
 
 
+def test_with_error_masking_a_calibration_judges_each_candidate_on_the_tokens_it_would_train_on(tmp_path, monkeypatch):
+    import aisrl.trainer as trainer
+
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    # every completion's first two tokens flagged as errors: the trained mask is then known in advance
+    completions = []
+    monkeypatch.setattr(trainer, "error_tokens",
+                        lambda ids, mask, ratio: completions.append(mask) or mask & (mask.cumsum(-1) <= 2))
+    judged, trained = [], []
+    real_acc, real_update = trainer.accumulate_gradient, trainer._update
+    monkeypatch.setattr(trainer, "accumulate_gradient", lambda *a: judged.append(a[6].mask.clone()) or real_acc(*a))
+    monkeypatch.setattr(trainer, "_update", lambda *a: trained.append(a[7].mask.clone()) or real_update(*a))
+    out = tmp_path / "run"
+    train(load_config("lab", [*TINY_LAB, "max_steps=1", f"output_dir={out}", "rollout.quant=fp8_e4m3_w8a8",
+                              "correction.calibrate_every=1", "correction.candidates=[tis,seq_tis]",
+                              "correction.mask_errors=true"]), log=lambda _: None)  # fmt: skip
+    (completion,), (_, *candidates), (mask,) = completions, judged, trained  # the reference first, then candidates
+    assert torch.equal(mask, completion & (completion.cumsum(-1) > 2)) and mask.any()  # the flagged tokens left out
+    assert len(candidates) == 2 and all(torch.equal(c, mask) for c in candidates)  # judged on what trains
+
+
+def test_a_tripped_step_neither_changes_the_pick_nor_enters_the_calibration_window(tmp_path, monkeypatch):
+    from aisrl.update import MismatchGuard
+
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    real, calls = MismatchGuard.tripped, []
+
+    def trips_at_step_3(self, k3):
+        calls.append(k3)
+        return real(self, k3) or len(calls) == 3
+
+    monkeypatch.setattr(MismatchGuard, "tripped", trips_at_step_3)
+    out = tmp_path / "run"
+    train(load_config("lab", [*TINY_LAB, "rollout.quant=fp8_e4m3_w8a8", "max_steps=3", f"output_dir={out}",
+                              "correction.guard=4", "correction.calibrate_every=1", "correction.calibrate_window=2",
+                              "checkpoint_every=1"]), log=lambda _: None)  # fmt: skip
+    r = rows(out)
+    assert [x["guard_rollback"] for x in r] == [0.0, 0.0, 1.0] and all("calib_dist_tis" in x for x in r)
+    kept = torch.load(latest_checkpoint(out) / "state.pt", weights_only=True)["extra"]["calibrations"]
+    assert [c["calib_ref_norm"] for c in kept] == [r[1]["calib_ref_norm"]]  # step 2's, not the undone step 3's
+    assert r[1]["calib_ref_norm"] != r[2]["calib_ref_norm"]
+    assert r[2]["end_point"] == r[1]["end_point"]  # the pick of step 2 carries on past the undone step
+
+
 def test_calibration_noise_reads_the_calibrations_a_checkpoint_keeps(tmp_path):
     bench = load_benchmark("calibration_noise")
     # three calibrations of |g_ref| = 1: a's differences (1, 0), (3, 0), (2, 0): mean (2, 0), pooled 4, tr Cov = 1,

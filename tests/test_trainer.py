@@ -619,7 +619,7 @@ def test_a_dataset_smaller_than_the_sets_asked_for_is_said_not_silently_shortene
     path = tmp_path / "small.jsonl"
     questions = [f"What is {i} + {i}?" for i in range(40)]
     path.write_text("\n".join(json.dumps({"question": q, "answer": str(2 * i)}) for i, q in enumerate(questions)))
-    n_test = sum(_split_of(q) == "test" for q in questions)  # counted here, by the split rule, not by the code under test
+    n_test = sum(_split_of(q) == "test" for q in questions)  # counted by the split rule, not the code under test
     assert 0 < n_test < 40
     args = ["model.name=smollm2", "task=jsonl", f"dataset={path}", "train_problems=500", f"eval_problems={n_test}"]
     cfg = load_config("lab", args)
