@@ -4,7 +4,8 @@
 
 Times (median of repeats, after a warm-up) `correct(name, ...)` for none / tis / ais with its full
 metric set, and one `grpo_loss` forward, and forward+backward, on the same tensors. Writes
-benchmarks/results/correction_cost.json and the `correction_cost` section of BENCHMARKS.md.
+benchmarks/results/correction_cost.json and the `correction_cost` section of BENCHMARKS.md; other sizes (a smoke
+run, say) write correction_cost_N{N}_T{T}.json and a section of that name, leaving the published figures alone.
 """
 
 import statistics
@@ -32,7 +33,15 @@ def timed(fn, repeats=7):
     return statistics.median(ts)
 
 
-def main(n=512, t=1024):
+SIZE = (512, 1024)  # (N, T) of the published section
+
+
+def name(n: int, t: int) -> str:
+    """The results' name (and BENCHMARKS.md section) of a run at N=n, T=t."""
+    return "correction_cost" if (n, t) == SIZE else f"correction_cost_N{n}_T{t}"
+
+
+def main(n=SIZE[0], t=SIZE[1]):
     g = torch.Generator().manual_seed(0)
     old = -torch.rand(n, t, generator=g) * 4
     roll = old + 0.15 * torch.randn(n, t, generator=g)
@@ -59,7 +68,8 @@ if __name__ == "__main__":
         sys.exit("usage: python benchmarks/correction_cost.py [N [T]] (sequences and tokens per sequence)")
     args = [int(a) for a in sys.argv[1:3]]
     out = main(*args)
-    write_json(ROOT / "benchmarks/results/correction_cost.json", out)
+    results = name(out["N"], out["T"])
+    write_json(ROOT / f"benchmarks/results/{results}.json", out)
     ref = out["seconds"]["grpo_loss forward"]
     m = out["machine"]
     rows = [f"| `{k}` | {v * 1e3:.1f} | {v / ref:.2f}x |" for k, v in out["seconds"].items()]
@@ -70,4 +80,4 @@ if __name__ == "__main__":
         "| operation | ms | vs grpo_loss forward |\n|---|---|---|\n" + "\n".join(rows) + "\n"
     )
     print(body)
-    update_section(ROOT / "BENCHMARKS.md", "correction_cost", body)
+    update_section(ROOT / "BENCHMARKS.md", results, body)

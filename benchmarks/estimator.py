@@ -7,15 +7,13 @@ section (PUBLISHED) also gets a hash of them in its names, so that a smoke run d
     python benchmarks/estimator.py policy=markov length=24 groups=32 group_size=8 horizons=[1,10,100]
 """
 
-import hashlib
-import json
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from aisrl.bench.cli import command
 from aisrl.bench.estimator import EstimatorBenchConfig, horizon_markdown, main, markdown
-from aisrl.bench.report import update_section
+from aisrl.bench.report import settings_tag, update_section
 from aisrl.config import apply_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,14 +28,17 @@ PUBLISHED = [  # the settings of BENCHMARKS.md's sections (any seed), which READ
 ]  # fmt: skip
 
 
+def changed(cfg: EstimatorBenchConfig) -> dict:
+    """The settings of `cfg` other than its seed that differ from the defaults."""
+    return {k: v for k, v in asdict(cfg).items() if k != "seed" and v != asdict(DEFAULT)[k]}
+
+
 def names(cfg: EstimatorBenchConfig) -> tuple[str, str, str]:
     """(name of the results, BENCHMARKS.md section, its title) of a run: the policy, length (markov) and batch size,
     `_seed{S}` for a seed other than 0, and for settings that are not those of a PUBLISHED section, a stable hash of
     the ones that differ from the defaults."""
     n = cfg.groups * cfg.group_size
-    settings = {k: v for k, v in asdict(cfg).items() if k != "seed" and v != asdict(DEFAULT)[k]}
-    published = replace(cfg, seed=0) in PUBLISHED
-    digest = "" if published else hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+    digest = settings_tag(changed(cfg), [changed(p) for p in PUBLISHED])
     tag = f"N{n}" if cfg.policy == "tabular" else f"{cfg.policy}_L{cfg.length}_N{n}"
     tag += (f"_seed{cfg.seed}" if cfg.seed else "") + (f"_{digest}" if digest else "")
     title = f"### Batch N = {n}" if cfg.policy == "tabular" else f"### {cfg.policy} policy, L = {cfg.length}, N = {n}"

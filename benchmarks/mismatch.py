@@ -1,17 +1,19 @@
 """Mismatch tables per rollout format (issues 3, 4, 7): SmolLM2-135M-Instruct by default, or the model a
 training preset trains (the causal lab model, the diffusion lab model). Writes
 benchmarks/results/mismatch_<subject>.json, runs/mismatch_<subject>/logratio_hist.png and the
-`mismatch` (SmolLM2) or `mismatch_<preset>` section of BENCHMARKS.md.
+`mismatch` (SmolLM2) or `mismatch_<preset>` section of BENCHMARKS.md. Settings other than those of a published
+section (PUBLISHED; a smoke run, say) add a hash of them to these names, leaving the published figures alone.
 
     python benchmarks/mismatch.py [prompts=16 max_new_tokens=64 ...]
     python benchmarks/mismatch.py preset=diffusion_lab prompts=64
 """
 
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from aisrl.bench.cli import command
-from aisrl.bench.report import machine, machine_line, update_section, write_json
+from aisrl.bench.report import machine, machine_line, settings_tag, update_section, write_json
 from aisrl.config import apply_overrides
 from aisrl.doctor import DoctorConfig, main, table
 
@@ -20,6 +22,17 @@ FORMATS = ["bf16", "bf16_w16a16", "fp8_e4m3_tensor", "fp8_e4m3", "fp8_e4m3_block
            "fp8_e4m3_w8a8", "fp8_e4m3_block_w8a8", "fp8_e4m3_w8a8_kv", "fp8_e5m2", "fp8_e5m2_w8a8", "int8_w8a8", "int4",
            "mxfp4", "nvfp4"]  # fmt: skip
 LAB_FORMATS = FORMATS + ["mxfp4_w4a4", "nvfp4_w4a4"]  # the harsh settings of the comparison study
+PUBLISHED = [{}, {"preset": "lab", "prompts": 64}, {"preset": "diffusion_lab", "prompts": 64},
+             {"preset": "lab_columns", "prompts": 256}]  # BENCHMARKS.md's sections: the settings off the defaults
+
+
+def tagged(cfg: DoctorConfig, subject: str) -> str:
+    """`subject`, with a hash of the settings where they are not those of a PUBLISHED section."""
+    default = DoctorConfig(model="smollm2", formats=LAB_FORMATS if cfg.preset else FORMATS)
+    changed = {k: v for k, v in asdict(cfg).items() if v != asdict(default)[k]}
+    digest = settings_tag(changed, PUBLISHED)
+    return f"{subject}_{digest}" if digest else subject
+
 
 if __name__ == "__main__":
     cfg = apply_overrides(DoctorConfig(model="smollm2", formats=FORMATS), sys.argv[1:])
@@ -28,7 +41,7 @@ if __name__ == "__main__":
     if cfg.start:
         sys.exit("start=RUN:STEP examines a run's checkpoint: use `aisrl mismatch start=...` (or benchmarks/"
                  "mixed_precision.py); this script publishes the figures of a preset's or a model's initial weights")
-    subject = Path(cfg.preset).stem if cfg.preset else Path(cfg.model).name
+    subject = tagged(cfg, Path(cfg.preset).stem if cfg.preset else Path(cfg.model).name)
     result = main(cfg, ROOT / f"runs/mismatch_{subject}")
     slim = {f: {k: v for k, v in r.items() if k != "log_ratios"} for f, r in result.items()}
     cmd = command(__file__)

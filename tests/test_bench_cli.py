@@ -92,3 +92,25 @@ def test_every_script_refuses_a_misspelt_key_naming_it_and_the_valid_ones(script
     monkeypatch.setattr(sys, "path", list(sys.path))  # the scripts that import a sibling add their folder
     with pytest.raises(SystemExit, match=rf"unknown keys \['bogus'\]; the options are key=value with keys .*'{valid}'"):
         runpy.run_path(str(path), run_name="__main__")
+
+
+def test_smoke_runs_of_the_published_benchmarks_keep_names_of_their_own():
+    # before, a run of correction_cost.py or mismatch.py at any size replaced the figures BENCHMARKS.md publishes
+    cost = load_benchmark("correction_cost")
+    assert cost.name(512, 1024) == "correction_cost" and cost.name(64, 32) == "correction_cost_N64_T32"
+    mm = load_benchmark("mismatch")
+    from aisrl.doctor import DoctorConfig
+
+    def of(subject, preset="", **changes):
+        changes.setdefault("formats", mm.LAB_FORMATS if preset else mm.FORMATS)  # the script's defaults
+        return mm.tagged(DoctorConfig(model="smollm2", preset=preset, **changes), subject)
+
+    # the commands BENCHMARKS.md gives keep their sections
+    assert of("smollm2") == "smollm2"
+    assert of("lab", "lab", prompts=64) == "lab" and of("lab_columns", "lab_columns", prompts=256) == "lab_columns"
+    assert of("diffusion_lab", "diffusion_lab", prompts=64) == "diffusion_lab"
+    smoke = of("smollm2", prompts=2, max_new_tokens=4)
+    assert smoke.startswith("smollm2_") and len(smoke) == len("smollm2_") + 8
+    assert of("smollm2", max_new_tokens=4, prompts=2) == smoke  # stable
+    assert of("lab", "lab", prompts=8) not in ("lab", smoke) and of("lab", "lab").startswith("lab_")
+    assert of("smollm2", formats=["int4"]).startswith("smollm2_")

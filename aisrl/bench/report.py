@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -77,6 +78,14 @@ def _locked(path: Path) -> Iterator[None]:
     with open(path.with_name(f".{path.name}.lock"), "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         yield  # closing the file releases the lock
+
+
+def settings_tag(settings: dict, published: list[dict]) -> str:
+    """'' where `settings` (a run's settings that differ from the script's defaults) are those of a published
+    section, else a stable 8-digit hash of them: a run with other settings, a smoke run say, then writes under names
+    of its own and leaves the published figures alone."""
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+    return "" if settings in published else digest
 
 
 def update_section(path: str | Path, name: str, body: str) -> None:
