@@ -385,14 +385,18 @@ def _accuracies(rows: list[dict], name: str) -> dict:
 
 
 def summarize_run(rows: list[dict], collapse_fraction: float, fall: float = 0.08) -> dict:
-    """One run's numbers: held-out accuracy (start, final, best; collapsed, fell), reward, mismatch, time shares."""
+    """One run's numbers: held-out accuracy (start, final, best; collapsed, fell), reward, mismatch, time shares.
+    Per-step series hold one entry per step from 1: a step whose row is missing (a damaged line a user removed, as
+    read_jsonl advises) is a None there, so later steps keep their places."""
     times = {k: statistics.fmean([r.get(k, 0.0) for r in rows]) if rows else 0.0 for k in TIMES}
     total = sum(times.values()) or 1.0
+    by_step = {r["step"]: r for r in rows}
+    rows = [by_step.get(s, {"step": s}) for s in range(1, (rows[-1]["step"] if rows else 0) + 1)]  # (max_steps,)
     out = {
         "steps": len(rows),
         **_accuracies(rows, "eval"),
         **_accuracies(rows, "fit"),
-        "reward": [r["reward"] for r in rows],
+        "reward": [r.get("reward") for r in rows],
         "eval_curve": [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r],
         "seconds_per_step": total,
         "time_share": {k: v / total for k, v in times.items()},
@@ -484,5 +488,10 @@ def _last_fifth(run: dict) -> float:
     return _fifths(run["reward"])[1]
 
 
-def _smooth(xs: list[float], w: int) -> list[float]:
-    return [statistics.fmean(xs[max(0, i - w + 1) : i + 1]) for i in range(len(xs))]
+def _smooth(xs: list, w: int) -> list[float]:
+    """Trailing means over w steps of the numbers among them (NaN, a gap in a line, where there are none)."""
+    return [_none_nan(_mean_std(xs[max(0, i - w + 1) : i + 1])[0]) for i in range(len(xs))]
+
+
+def _none_nan(x: float | None) -> float:
+    return math.nan if x is None else x

@@ -108,10 +108,10 @@ def plot(result: dict, path: Path) -> None:
             curves = [_smooth(r["reward"], 10) for r in rs]
             steps = range(1, min(map(len, curves)) + 1)
             cols = list(zip(*[c[: len(steps)] for c in curves], strict=True))
-            (line,) = row[0].plot(steps, [statistics.fmean(c) for c in cols], label=label,
+            (line,) = row[0].plot(steps, [statistics.fmean(_finite(c) or [math.nan]) for c in cols], label=label,
                                   ls="--" if _is_reference(g) else "-")  # fmt: skip
-            row[0].fill_between(steps, [min(c) for c in cols], [max(c) for c in cols], alpha=0.15,
-                                color=line.get_color())  # fmt: skip
+            low, high = ([f(_finite(c), default=math.nan) for c in cols] for f in (min, max))
+            row[0].fill_between(steps, low, high, alpha=0.15, color=line.get_color())
             xs, ys = _eval_curve(rs)
             if start := _finite([r["eval_start"] for r in rs]):  # the warm start's score, where it was taken
                 xs, ys = [0, *xs], [statistics.fmean(start), *ys]

@@ -11,6 +11,7 @@ from aisrl.cli import main
 from aisrl.compare import (
     CompareConfig,
     Run,
+    _smooth,
     aggregate,
     mixed_starts,
     plan,
@@ -162,6 +163,30 @@ def test_the_figure_averages_evaluations_and_alpha_step_by_step(tmp_path, monkey
     assert held_out[0] == [0, 10] and held_out[1] == [pytest.approx(0.2), pytest.approx(0.5)]  # not (0.2 + 0) / 2
     k3 = next(a for a in drawn if len(a) == 2 and len(a[1]) == 10 and a[1][0] == pytest.approx(0.1))
     assert all(math.isfinite(v) for v in k3[1])
+
+
+def test_a_removed_metrics_line_leaves_a_gap_not_a_shift_in_the_per_step_curves(tmp_path, monkeypatch):
+    # read_jsonl tells a user to remove a damaged middle line; the steps after it must keep their places
+    from matplotlib.lines import Line2D
+
+    from aisrl.compare_report import plot
+
+    cfg = CompareConfig(methods=["tis"], formats=["int4"], seeds=[0, 1], reference=False, out=str(tmp_path))
+    for seed in (0, 1):
+        rows = [dict(r, reward=float(r["step"]), k3_kl=0.01 * r["step"])
+                for r in _fake_rows([0.0] * 20, {20: 0.3}, 0.2, [0.0] * 20)]  # fmt: skip
+        _write_run(Run("int4", "tis", seed).path(tmp_path), [r for r in rows if r["step"] != 3 or seed])
+    result = aggregate(cfg, plan(cfg), max_steps=20)
+    gap = result["groups"]["int4/tis"]["runs"]["0"]
+    assert gap["steps"] == 20 and gap["reward"][2] is None and gap["reward"][19] == 20.0
+    assert gap["k3_kl"][:4] == [0.01, 0.02, None, 0.04] and gap["k3_kl_late"] == pytest.approx(0.185)
+    assert _smooth([1.0, None, 3.0, None], 2) == [1.0, 1.0, 3.0, 3.0] and math.isnan(_smooth([None], 3)[0])
+    drawn = []
+    monkeypatch.setattr("matplotlib.axes.Axes.plot", lambda ax, *a, **k: drawn.append(a) or [Line2D([], [])])
+    plot(result, tmp_path / "compare.png")
+    reward = drawn[0]  # 10-step trailing means of steps 1..20, seed 0's step 3 left out of its windows
+    assert list(reward[0]) == list(range(1, 21)) and reward[1][-1] == pytest.approx(15.5)
+    assert reward[1][2] == pytest.approx((1.5 + 2) / 2)  # seed 0: mean(1, 2); seed 1: mean(1, 2, 3)
 
 
 def test_paired_differences_leave_out_seeds_whose_runs_started_apart(tmp_path):
