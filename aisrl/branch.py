@@ -33,7 +33,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from aisrl.checkpoint import atomic_write_text, checkpoint_dir, read_record, saved_weights
+from aisrl.checkpoint import atomic_write_text, read_record, saved_weights
 from aisrl.compare import run_rows
 
 
@@ -100,7 +100,7 @@ def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
     run = Path(cfg.run)
     if not cfg.run or not run.is_dir():
         raise ValueError(f"run={cfg.run!r} is not a run folder; pass run=DIR, a folder `aisrl train` wrote")
-    saved_weights(run, cfg.step)  # a step without a checkpoint: the error lists the saved ones
+    saved_weights(run, cfg.step, resumable=True)  # a step without a whole checkpoint: the error lists the saved ones
     if cfg.jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {cfg.jobs}")
     if not cfg.salts or len(set(cfg.salts)) != len(cfg.salts):
@@ -141,7 +141,7 @@ def start_from_checkpoint(run: Path, step: int, dst: Path) -> None:
     """Make `dst` a run folder resuming at `step` of `run`: that checkpoint and the metrics up to it."""
     if (dst / "checkpoints" / "latest").is_file():
         return  # started before: the trainer resumes it (or says it is done)
-    src = checkpoint_dir(run, step)
+    src = saved_weights(run, step, resumable=True).parent  # the trainer resumes its optimizer and generators too
     shutil.copytree(src, dst / "checkpoints" / src.name, dirs_exist_ok=True)
     kept = [r for r in run_rows(run) if r["step"] <= step]
     atomic_write_text(dst / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))

@@ -23,12 +23,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import stat
 import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 
@@ -182,12 +184,16 @@ def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
     return _dir(output_dir) / f"step_{step:06d}"
 
 
-def saved_weights(output_dir: str | Path, step: int) -> Path:
-    """The model.safetensors of a run's checkpoint at `step`; a ValueError listing the saved steps if it has none."""
+def saved_weights(output_dir: str | Path, step: int, resumable: bool = False) -> Path:
+    """The model.safetensors of a run's checkpoint at `step`; a ValueError listing the saved steps if it has none
+    (`resumable`: or if it lacks the state.pt that training on from it needs)."""
     path = checkpoint_dir(output_dir, step) / "model.safetensors"
-    if not path.is_file():
-        saved = sorted(int(p.name[5:]) for p in _dir(output_dir).glob("step_*") if p.name[5:].isdigit())
-        raise ValueError(f"{output_dir} has no checkpoint at step {step}; it holds steps {saved}")
+    if not path.is_file() or (resumable and not (path.parent / "state.pt").is_file()):
+        need = ("model.safetensors", "state.pt") if resumable else ("model.safetensors",)
+        saved = sorted(int(p.name[5:]) for p in _dir(output_dir).glob("step_*")
+                       if p.name[5:].isdigit() and all((p / f).is_file() for f in need))  # fmt: skip
+        what = f"an incomplete checkpoint (it needs {' and '.join(need)})" if path.parent.is_dir() else "no checkpoint"
+        raise ValueError(f"{output_dir} has {what} at step {step}; it holds complete ones at steps {saved}")
     return path
 
 
@@ -249,11 +255,22 @@ def latest_checkpoint(output_dir) -> Path | None:
     return path
 
 
+def _unreadable(path: Path, e: Exception) -> ValueError:
+    """The error for a checkpoint file that exists but does not load (cut short by a partial copy, a disk fault)."""
+    return ValueError(f"{path} cannot be read ({type(e).__name__}: {e}); it is damaged or cut short. Restore it from a "
+                      f"copy, or resume from an earlier checkpoint by writing its folder name (step_NNNNNN) into "
+                      f"{path.parent.parent / 'latest'}")  # fmt: skip
+
+
 def load_weights(model, weights: Path) -> None:
     """Load a checkpoint's model.safetensors into `model`; a ValueError naming the settings to check when it holds
-    another model's tensors (missing, unexpected or mis-shaped ones)."""
+    another model's tensors (missing, unexpected or mis-shaped ones), or saying that the file is damaged."""
     try:
-        model.load_state_dict(load_file(weights))
+        tensors = load_file(weights)
+    except (SafetensorError, OSError) as e:
+        raise _unreadable(weights, e) from e
+    try:
+        model.load_state_dict(tensors)
     except RuntimeError as e:
         lines = str(e).strip().splitlines()
         what = (lines[1] if len(lines) > 1 else lines[0]).strip()
@@ -267,7 +284,10 @@ def load_checkpoint(path: Path, model, optimizer, rank: int = 0) -> dict:
     """Restore model, optimizer and RNG state (this rank's, where every rank's was saved); returns {'step': ...,
     'extra': ...}."""
     load_weights(model, path / "model.safetensors")
-    state = torch.load(path / "state.pt", weights_only=True, map_location="cpu")  # the optimizer moves it to its params
+    try:  # on the CPU: the optimizer moves its state to its parameters
+        state = torch.load(path / "state.pt", weights_only=True, map_location="cpu")
+    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as e:
+        raise _unreadable(path / "state.pt", e) from e
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"]["torch"])
     if "cuda" in state["rng"] and torch.cuda.is_available() and len(state["rng"]["cuda"]) == torch.cuda.device_count():

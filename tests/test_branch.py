@@ -1,12 +1,13 @@
 """Branches continue a run from its checkpoint: salt 0 replays it exactly, another salt draws other samples."""
 
 import json
+import shutil
 
 import pytest
 import torch
 from conftest import TINY_LAB, load_benchmark, untimed
 
-from aisrl.branch import BranchConfig, branch_configs, run_branches, summarize_branch, table
+from aisrl.branch import BranchConfig, branch_configs, run_branches, start_from_checkpoint, summarize_branch, table
 from aisrl.checkpoint import run_start
 from aisrl.cli import main
 from aisrl.train_config import load_config
@@ -91,7 +92,7 @@ def test_bad_branches_are_refused_before_training(run, tmp_path, capsys):
             branch_configs(BranchConfig(**{"run": str(run), "step": 2, **kw}))
         return str(e.value)
 
-    assert "holds steps [2, 4]" in err(step=3)
+    assert "has no checkpoint at step 3; it holds complete ones at steps [2, 4]" in err(step=3)
     assert "is not a run folder" in err(run=str(tmp_path / "nowhere"))
     assert "nothing to train after step 4" in err(step=4)  # the final checkpoint needs a larger max_steps
     assert len(branch_configs(BranchConfig(run=str(run), step=4, train=["max_steps=6"]))) == 3
@@ -108,7 +109,16 @@ def test_bad_branches_are_refused_before_training(run, tmp_path, capsys):
     cfgs = branch_configs(BranchConfig(run=str(run), step=2, preset="lab", train=TINY))
     assert [c.sample_salt for _, c, _ in cfgs] == [1, 2, 3] and cfgs[0][2][0] == "lab"
     assert "jobs must be >= 1" in err(jobs=0, preset="lab")
-    assert main(["branch", f"run={run}", "step=5"]) == 2 and "holds steps" in capsys.readouterr().err
+    assert main(["branch", f"run={run}", "step=5"]) == 2 and "complete ones at steps" in capsys.readouterr().err
+    # a checkpoint without its state.pt (a partial copy): refused, not copied into a branch that cannot resume
+    broken = tmp_path / "broken"
+    shutil.copytree(run, broken)
+    (broken / "checkpoints" / "step_000002" / "state.pt").unlink()
+    what = "has an incomplete checkpoint (it needs model.safetensors and state.pt) at step 2; it holds complete ones"
+    assert what + " at steps [4]" in err(run=str(broken))
+    with pytest.raises(ValueError, match=r"incomplete checkpoint .* at step 2"):
+        start_from_checkpoint(broken, 2, tmp_path / "branch")
+    assert not (tmp_path / "branch").exists()
 
 
 def test_summary_and_table_of_a_fall():

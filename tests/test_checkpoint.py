@@ -146,3 +146,16 @@ def test_a_checkpoint_of_another_model_is_refused_with_the_settings_to_check(tmp
     with pytest.raises(ValueError, match=r"step_000001 holds weights of another model .*size mismatch for weight.*"
                                          r"model\.\*, lora\.\* or lab\.\* settings differ"):  # fmt: skip
         load_checkpoint(ckpt, wider, torch.optim.AdamW(wider.parameters()))
+
+
+@pytest.mark.parametrize("damaged", ["model.safetensors", "state.pt"])
+def test_a_damaged_checkpoint_file_is_named_with_what_to_do(tmp_path, damaged):
+    model = torch.nn.Linear(3, 2)
+    ckpt = save_checkpoint(tmp_path, 1, model, torch.optim.AdamW(model.parameters()), {})
+    path = ckpt / damaged
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # a partial copy
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(ckpt, model, torch.optim.AdamW(model.parameters()))
+    assert str(e.value).startswith(f"{path} cannot be read (")
+    advice = "damaged or cut short. Restore it from a copy, or resume from an earlier checkpoint by writing its folder"
+    assert f"{advice} name (step_NNNNNN) into {tmp_path / 'checkpoints' / 'latest'}" in str(e.value)

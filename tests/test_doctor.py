@@ -132,7 +132,7 @@ def test_start_examines_a_runs_checkpoint_with_the_runs_settings(tmp_path, monke
     assert res["tokens"] > 0 and len(res["per_layer"]) == 7  # 1 block x (q, k, v, o, gate, up, down)
     with pytest.raises(ValueError, match="give RUN:STEP"):
         diagnose(DoctorConfig(start=str(run)))
-    with pytest.raises(ValueError, match=r"has no checkpoint at step 1; it holds steps \[2\]"):
+    with pytest.raises(ValueError, match=r"has no checkpoint at step 1; it holds complete ones at steps \[2\]"):
         diagnose(DoctorConfig(start=f"{run}:1", formats=["mxfp4_w4a4"]))
     with pytest.raises(ValueError, match="records its settings .*; drop preset='lab'"):
         diagnose(DoctorConfig(start=f"{run}:2", preset="lab"))
