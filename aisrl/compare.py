@@ -274,9 +274,11 @@ def run_study(cfg: CompareConfig, log=print) -> dict:
             build(base)  # the causal or the diffusion lab model, as the preset says
         (_run_here if cfg.jobs == 1 else _run_subprocesses)(todo, cfg, log)
     done = {r: finished_rows(r.path(cfg.out), base.max_steps) for r in runs}  # read once, after training
+    unscored = set()
     if cfg.final_samples > 0:
-        _evaluate_finals(cfg, [r for r in runs if (not cfg.only or r.group in cfg.only) and done[r] is not None], log)
-    result = aggregate(cfg, runs, base.max_steps, done)
+        scored = [r for r in runs if (not cfg.only or r.group in cfg.only) and done[r] is not None]
+        unscored = _evaluate_finals(cfg, scored, log)
+    result = aggregate(cfg, runs, base.max_steps, done, unscored)
     from aisrl.bench.report import write_json
 
     if result["mixed_starts"]:
@@ -340,15 +342,16 @@ def train_subprocesses(runs: list[tuple[str, list[str], Path]], jobs: int, log) 
                          "and re-run the same command to resume them")  # fmt: skip
 
 
-def _evaluate_finals(cfg: CompareConfig, done: list[Run], log) -> None:
+def _evaluate_finals(cfg: CompareConfig, done: list[Run], log) -> set[Run]:
     """Score the final model of every run in `done` (finished ones; cached per run, so a re-run only scores new
-    runs)."""
+    runs); returns the runs that could not be scored (an earlier cache of theirs does not count either)."""
     from aisrl.final_eval import evaluate_final, supported
     from aisrl.train_config import load_config
 
     if not supported(load_config(cfg.preset, cfg.train)):
         log("compare: final-model scores need full-parameter causal runs (no LoRA, no diffusion); skipped")
-        return
+        return set()
+    failed = set()
     for i, run in enumerate(done, 1):
         if i == 1 or i % 10 == 0:
             log(f"compare: scoring final models, {i}/{len(done)}")
@@ -356,6 +359,8 @@ def _evaluate_finals(cfg: CompareConfig, done: list[Run], log) -> None:
             evaluate_final(run.path(cfg.out), load_config(cfg.preset, run.overrides(cfg)), cfg.final_samples)
         except (OSError, ValueError, RuntimeError) as e:  # one broken run must not sink a finished study
             log(f"compare: could not score {run.group} seed {run.seed} ({e}); its final-model scores stay empty")
+            failed.add(run)
+    return failed
 
 
 def _finite(xs: list) -> list[float]:
@@ -425,9 +430,11 @@ def _corr(xs: list, ys: list) -> float | None:
         return None
 
 
-def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int, done: dict | None = None) -> dict:
+def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int, done: dict | None = None,
+              unscored: set = frozenset()) -> dict:  # fmt: skip
     """Per group: the seeds' summaries and their mean/std; groups without finished runs are listed as missing.
-    `done` maps runs to their finished_rows where the caller read them already."""
+    `done` maps runs to their finished_rows where the caller read them already; `unscored` holds runs whose final
+    model this invocation failed to score, whose cached scores (of another setting, say) are left out."""
     from aisrl.bench.report import machine
     from aisrl.checkpoint import run_start
     from aisrl.final_eval import cached_scores
@@ -441,7 +448,7 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int, done: dict | 
         if rows is not None:
             g["runs"][str(run.seed)] = summarize_run(rows[:max_steps], cfg.collapse_fraction, cfg.fall)
             g["runs"][str(run.seed)]["start"] = run_start(run.path(cfg.out))
-            if cfg.final_samples > 0:  # only scores of this checkpoint and these settings
+            if cfg.final_samples > 0 and run not in unscored:  # only scores of this checkpoint and these settings
                 g["runs"][str(run.seed)].update(cached_scores(run.path(cfg.out), cfg.final_samples, max_steps) or {})
         else:
             g["missing"].append(run.seed)

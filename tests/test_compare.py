@@ -228,6 +228,28 @@ def test_only_current_final_scores_are_aggregated(tmp_path):
     assert "| mxfp4 keeping model.layers.0.* | tis | 1 |" in final_table(aggregate(mixed, plan(mixed), max_steps=10))
 
 
+def test_a_run_whose_scoring_fails_is_left_out_not_shown_with_an_earlier_cache(tmp_path, monkeypatch):
+    cfg = CompareConfig(methods=["tis"], formats=["mxfp4"], seeds=[0], reference=False, out=str(tmp_path), jobs=0,
+                        final_samples=4, train=["max_steps=10"])  # fmt: skip
+    d = Run("mxfp4", "tis", 0).path(tmp_path)
+    _write_run(d, _fake_rows([0.5] * 10, {10: 0.3}, 0.2, [0.1] * 10))
+    for name in ("model.safetensors", "state.pt"):
+        (d / "checkpoints" / "step_000010" / name).parent.mkdir(exist_ok=True)
+        (d / "checkpoints" / "step_000010" / name).write_bytes(b"")
+    settings = {"checkpoint": "step_000010", "samples": 4, "scorer": SCORER}  # an earlier scoring's cache
+    (d / "final_eval.json").write_text(json.dumps({"settings": settings, "policy_reward": 0.7}))
+    assert aggregate(cfg, plan(cfg), max_steps=10)["groups"]["mxfp4/tis"]["policy_reward"] == (0.7, None)
+
+    def fails(*a, **k):
+        raise ValueError("dataset moved")
+
+    monkeypatch.setattr("aisrl.final_eval.evaluate_final", fails)
+    logs = []
+    g = run_study(cfg, log=logs.append)["groups"]["mxfp4/tis"]
+    assert any("could not score mxfp4/tis seed 0 (dataset moved); its final-model scores stay empty" in m for m in logs)
+    assert g["policy_reward"] == (None, None) and "policy_reward" not in g["runs"]["0"]  # as the log says
+
+
 def test_publish_writes_results_and_benchmarks_section(tmp_path):
     cfg = CompareConfig(methods=["none"], formats=["int4"], seeds=[0], reference=False, out=str(tmp_path / "s"))
     _write_run(Run("int4", "none", 0).path(cfg.out), _fake_rows([0.2], {1: 0.3}, 0.25, [0.01]))
