@@ -101,14 +101,15 @@ def pooled_noise(rounds: list[dict], names: list[str], gram: torch.Tensor) -> to
     = |E d|^2 + tr Cov(d) / n, so calib_pooled - calib_noise estimates without bias the bias^2 that persists; when
     the candidates' differences in it are within a few standard errors of the noise, the pick is the noise's.
     tr Cov = (sum_r |d_c(r)|^2 - n |mean d_c|^2) / (n - 1), with |d_c(r)|^2 = D_c(r) |g_ref(r)|^2 from the records.
-    None with fewer than two calibrations."""
+    None with fewer than two calibrations; inf for a candidate whose gradient was not finite in one of them."""
     n = len(rounds)
     if n < 2:
         return None
     ref2 = torch.tensor([r["calib_ref_norm"] ** 2 for r in rounds], dtype=torch.float64)  # (n,)
     dist = torch.tensor([[r[f"calib_dist_{c}"] for c in names] for r in rounds], dtype=torch.float64)  # (n, C)
     total = (dist * ref2[:, None]).sum(0) / ref2.mean()  # (C,) sum_r |d_c(r)|^2 in the pooled units
-    return (total - n * gram.diagonal()) / (n * (n - 1))
+    noise = (total - n * gram.diagonal()) / (n * (n - 1))  # (C,)
+    return torch.where(torch.isfinite(total) & torch.isfinite(gram.diagonal()), noise, float("inf"))  # not inf - inf
 
 
 def _least(x: torch.Tensor) -> torch.Tensor | None:

@@ -340,7 +340,10 @@ def check_options(name: str, **options) -> None:
 def restrict(res: CorrectionResult, keep: torch.Tensor) -> CorrectionResult:
     """The result with only the tokens in `keep` (N, T) left in the loss (a veto, a guard applied after the
     correction); the mask fractions and the applied-weight statistics are recomputed on the final mask."""
-    mask = res.mask & keep.to(res.mask.device)
+    if tuple(keep.shape) != tuple(res.mask.shape):  # broadcasting would drop columns where rows were meant
+        raise ValueError(f"keep must be an (N, T) mask of the result's shape {tuple(res.mask.shape)}; got "
+                         f"{tuple(keep.shape)} (per sequence: keep[:, None].expand_as(res.mask))")  # fmt: skip
+    mask = res.mask & keep.to(res.mask.device).bool()
     weights = torch.where(mask, res.weights, 0.0)  # (N, T)
     n_keep, n_seq_keep = all_sum(_s(mask.double()), mask.any(-1).sum(dtype=torch.float64))
     n, n_seq = res.metrics["num_tokens"].double(), res.metrics["num_seqs"].double()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from aisrl.diagnostics import _div, _s
+from aisrl.diagnostics import _div, _s, k3_per_token
 from aisrl.dist import all_sum, world_size
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -75,7 +75,8 @@ def _masked_aggregate(per_tok: torch.Tensor, m: torch.Tensor, agg: str, horizon:
     return (per_tok * m).sum() / (n_seq * horizon)  # seq-mean-token-sum-norm
 
 
-def _check_inputs(logp, old_logp, mask, dual_clip, ref_logp=None, kl_coef=0.0, *, adv=None, weights=None) -> None:
+def _check_inputs(logp, old_logp, mask, dual_clip, ref_logp=None, kl_coef=0.0, *, adv=None, weights=None,
+                  clip=(0.2, 0.2)) -> None:  # fmt: skip
     if logp.shape != old_logp.shape or logp.shape != mask.shape or logp.dim() != 2:
         raise ValueError(f"logp, old_logp and mask must share one (N, T) shape; got {tuple(logp.shape)}, "
                          f"{tuple(old_logp.shape)}, {tuple(mask.shape)}")  # fmt: skip
@@ -86,8 +87,11 @@ def _check_inputs(logp, old_logp, mask, dual_clip, ref_logp=None, kl_coef=0.0, *
     for name, x in (("weights", weights), ("ref_logp", ref_logp)):
         if x is not None and tuple(x.shape) != (n, t):
             raise ValueError(f"{name} must have logp's (N, T) shape {(n, t)}; got {tuple(x.shape)}")
-    if dual_clip is not None and dual_clip <= 1.0:
+    if dual_clip is not None and not dual_clip > 1.0:  # (NaN too)
         raise ValueError(f"dual_clip must be > 1 (it bounds the loss of negative advantages), got {dual_clip}")
+    if len(clip) != 2 or not (0 <= clip[0] < 1 and clip[1] >= 0):  # (NaN too)
+        raise ValueError(f"clip must be (low, high) with 0 <= low < 1 and high >= 0: the ratio is kept inside "
+                         f"[1 - low, 1 + high]; got {tuple(clip)}")  # fmt: skip
     if ref_logp is None and kl_coef:
         raise ValueError("kl_coef > 0 needs ref_logp (log-probs under the reference policy)")
 
@@ -104,10 +108,11 @@ def _at_least_fp32(logp: torch.Tensor) -> torch.Tensor:
 
 
 def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
-    """k3 estimate of a KL per token, exp(x) - x - 1 (Schulman 2020), on the log-ratio clamped to +-RATIO_LOG_CLAMP
-    so a stray -inf or huge log-prob gives a large finite value, not inf."""
+    """k3 estimate of a KL per token, exp(x) - x - 1 (Schulman 2020), as expm1(x) - x (which keeps precision for a
+    small x), on the log-ratio clamped to +-RATIO_LOG_CLAMP so a stray -inf or huge log-prob gives a large finite
+    value, not inf."""
     x = torch.nan_to_num(log_ratio, nan=0.0).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)  # NaN (e.g. -inf - -inf) -> 0
-    return x.exp() - x - 1.0
+    return torch.expm1(x) - x
 
 
 def _ref_k3(ref_logp: torch.Tensor | None, logp: torch.Tensor, on: torch.Tensor):
@@ -136,9 +141,9 @@ def clipped_surrogate(
 
     Returns (l, ratio, log_ratio, clipped, dual), each (N, T); `clipped`/`dual` flag tokens where the clip or
     the dual clip is active. Shared by grpo_loss and the verl adapter (which aggregates with verl's agg_loss)."""
-    _check_inputs(logp, old_logp, on, dual_clip, adv=adv)
+    _check_inputs(logp, old_logp, on, dual_clip, adv=adv, clip=clip)
     logp = _at_least_fp32(logp)
-    on, old_logp = on.to(logp.device), old_logp.to(logp.device)
+    on, old_logp = on.to(logp.device).bool(), old_logp.to(logp.device)
     adv = _like(adv, logp)
     adv = adv[:, None] if adv.dim() == 1 else adv  # (N, 1) or (N, T)
     adv = torch.where(on, adv, 0.0)  # (N, T)
@@ -175,11 +180,12 @@ def grpo_loss(
     """Clipped policy loss of GRPO with mismatch weights; returns (scalar loss, detached metrics)."""
     if agg not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {agg!r}; choose from {list(AGGREGATIONS)}")
-    _check_inputs(logp, old_logp, mask, dual_clip, ref_logp, kl_coef, adv=adv, weights=weights)
-    if agg == "seq-mean-token-sum-norm" and not (isinstance(horizon, int) and horizon > 0):
+    _check_inputs(logp, old_logp, mask, dual_clip, ref_logp, kl_coef, adv=adv, weights=weights, clip=clip)
+    whole = isinstance(horizon, int) and not isinstance(horizon, bool) and horizon > 0
+    if agg == "seq-mean-token-sum-norm" and not whole:
         raise ValueError(
-            "agg='seq-mean-token-sum-norm' needs horizon=<max completion length> (a constant, not the padded "
-            f"width, so padding and sharding cannot change the loss); got horizon={horizon!r}"
+            "agg='seq-mean-token-sum-norm' needs horizon=<max completion length>, a positive int (a constant, not "
+            f"the padded width, so padding and sharding cannot change the loss); got horizon={horizon!r}"
         )
     logp = _at_least_fp32(logp)
     m = _like(mask, logp)  # (N, T)
@@ -193,7 +199,7 @@ def grpo_loss(
     with torch.no_grad():
         n, s_clip, s_dual, s_ratio, s_k3, s_kl_ref, s_pg, s_skip = all_sum(
             _s(m.double()), _s(clipped.double()), _s(dual.double()), _s(ratio.double(), on),
-            _s((ratio - 1 - log_ratio).double(), on), _s(kl_ref.double(), on), _s(pg.double(), on),
+            _s(k3_per_token(log_ratio.double()), on), _s(kl_ref.double(), on), _s(pg.double(), on),
             _s(kl_skipped.double()),
         )  # fmt: skip
         (loss_global,) = all_sum(loss.detach().double())
@@ -235,7 +241,7 @@ def tbpo_loss(
     'seq-mean' (the objective is per sequence); `horizon` is accepted for a uniform loss signature."""
     if agg != "seq-mean":
         raise ValueError(f"tbpo aggregates per sequence; agg must be 'seq-mean', got {agg!r}")
-    _check_inputs(logp, old_logp, mask, dual_clip, ref_logp, kl_coef, adv=adv, weights=weights)
+    _check_inputs(logp, old_logp, mask, dual_clip, ref_logp, kl_coef, adv=adv, weights=weights, clip=clip)
     logp = _at_least_fp32(logp)
     m = _like(mask, logp)  # (N, T)
     on = m > 0
@@ -267,7 +273,8 @@ def tbpo_loss(
         loss = loss + kl_coef * kl_seq.sum() / n_seq.clamp(min=1).to(l_seq.dtype)
     loss = loss * world_size()
     with torch.no_grad():
-        sums = all_sum(_s(band.double()), _s(dual.double()), _s(s.double(), seq_on), _s(_k3(d).double(), on),
+        k3 = k3_per_token(d.clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP).double())  # (N, T)
+        sums = all_sum(_s(band.double()), _s(dual.double()), _s(s.double(), seq_on), _s(k3, on),
                        _s(kl_ref.double(), on), loss.detach().double(), _s(kl_skipped.double()))  # fmt: skip
         metrics = {"loss": sums[5] / world_size(), "pg_clip_frac": _div(sums[0], n_seq),
                    "pg_dual_clip_frac": _div(sums[1], n_seq), "ratio_mean": _div(sums[2], n_seq),

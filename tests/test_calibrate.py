@@ -114,6 +114,10 @@ def test_pooled_noise_is_the_noise_part_of_the_pooled_distance():
     # tr Cov over the two: |d - mean|^2 is 1 + 1 for each; / (n - 1) / n / 2.5 = 0.4
     assert pooled_noise(rounds, ["a", "b"], gram).tolist() == pytest.approx([0.4, 0.4])
     assert pooled_noise(rounds[:1], ["a", "b"], gram) is None
+    # a candidate whose gradient overflowed in one calibration: its noise is inf, as its distance is, not NaN
+    bad = [rounds[0], dict(rounds[1], calib_dist_b=float("inf"), diff=torch.tensor([[3.0, 0.0], [float("inf"), 0]]))]
+    noise = pooled_noise(bad, ["a", "b"], _gram(bad) / 2.5)
+    assert noise[0].item() == pytest.approx(0.4) and noise[1].item() == float("inf")
     # E[pooled - noise] is the persisting bias^2: d(r) = b + e(r), |b|^2 = 0.25, E|e|^2 = 2, |g_ref| = 1, 8 rounds
     gen = torch.Generator().manual_seed(3)
     b = torch.tensor([0.3, 0.4] + [0.0] * 18, dtype=torch.float64)

@@ -412,6 +412,10 @@ def test_restrict_recomputes_what_the_loss_keeps(batch):
     none = restrict(res, torch.zeros_like(res.mask))
     close(none.metrics["mask_frac_token"], 1.0)
     close(none.metrics["weight_mean"], 0.0)
+    # a per-sequence keep would broadcast over the columns: refused, naming the shape to give
+    with pytest.raises(ValueError, match=r"keep must be an \(N, T\) mask .*per sequence: keep\[:, None\]"):
+        restrict(res, keep[:, 0])
+    assert torch.equal(restrict(res, keep.float()).mask, out.mask)  # a 0/1 float mask reads as one
 
 
 def test_seq_max_rejection_of_an_empty_batch():

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from aisrl.losses import AGGREGATIONS, RATIO_LOG_CLAMP, group_advantages, grpo_loss, tbpo_loss
+from aisrl.losses import AGGREGATIONS, RATIO_LOG_CLAMP, clipped_surrogate, group_advantages, grpo_loss, tbpo_loss
 
 
 def test_group_advantages_by_hand():
@@ -140,6 +140,30 @@ def test_bad_arguments_are_clear_errors():
         with pytest.raises(ValueError, match=r"ref_logp must have .* got \(2, 1\)"):
             loss_fn(x, x, adv, mask, ref_logp=torch.zeros(2, 1), kl_coef=0.1, agg=agg)
         loss_fn(x, x, torch.zeros(2, 3), mask, weights=torch.ones(2, 3), agg=agg)  # (N, T) advantages are fine
+        # a NaN dual clip, or a clip band whose top lies under its bottom, made the loss NaN or its gradient 0
+        with pytest.raises(ValueError, match="dual_clip must be > 1"):
+            loss_fn(x, x, adv, mask, dual_clip=float("nan"), agg=agg)
+        for clip in ((0.2, -0.5), (float("nan"), 0.2), (1.0, 0.2), (0.2,)):
+            with pytest.raises(ValueError, match=r"clip must be \(low, high\) with 0 <= low < 1 and high >= 0"):
+                loss_fn(x, x, adv, mask, clip=clip, agg=agg)
+        loss_fn(x, x, adv, mask, clip=(0.0, float("inf")), agg=agg)  # no clip above: allowed
+    with pytest.raises(ValueError, match=r"clip must be"):
+        clipped_surrogate(x, x, adv, mask, (0.2, -0.5))
+    for horizon in (True, 8.0, 0):  # True is an int to Python, and would have been a horizon of 1
+        with pytest.raises(ValueError, match=r"a positive int .* got horizon="):
+            grpo_loss(x, x, adv, mask, agg="seq-mean-token-sum-norm", horizon=horizon)
+
+
+def test_approx_kl_keeps_its_precision_for_a_tiny_mismatch():
+    # k3 = exp(d) - 1 - d ~ d^2 / 2: in float32 exp(d) - 1 - d is rounding noise at |d| ~ 1e-5 (and can be < 0)
+    g = torch.Generator().manual_seed(0)
+    logp = -5 * torch.rand(4, 1024, generator=g)
+    old = logp + 1e-5 * torch.randn(4, 1024, generator=g)
+    d = (logp - old).double()
+    exact = (torch.expm1(d) - d).mean().item()  # float64: about 5e-11
+    for loss_fn, agg in ((grpo_loss, "token-mean"), (tbpo_loss, "seq-mean")):
+        _, m = loss_fn(logp, old, torch.ones(4), torch.ones(4, 1024, dtype=torch.bool), agg=agg)
+        assert m["approx_kl"].item() == pytest.approx(exact, rel=0.05)
 
 
 def test_sum_norm_uses_a_constant_horizon_not_the_padded_width():
