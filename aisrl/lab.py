@@ -161,9 +161,12 @@ def lab_model(cfg: LabConfig | None = None, verbose: bool = True):
             for p in train]  # fmt: skip
     train_steps = sft_trainer(cfg, model, seqs, lambda batch, gen: _sft_loss(model, batch, tok.pad_token_id))
 
+    # room for the longest worked answer (long column traces exceed the default 40), so a right one is not cut short
+    room = max(40, *(len(tok.encode(completion_text(p))) + 1 for p in train + held))
+
     def accuracy() -> float:
         model.eval()
-        return greedy_accuracy(model, tok, held, task)
+        return greedy_accuracy(model, tok, held, task, room)
 
     step, acc = run_sft(cfg, train_steps, accuracy, "lab SFT" if verbose else None)
     info = {"sft_steps": step, "heldout_greedy_accuracy": acc, "params": sum(p.numel() for p in model.parameters()),

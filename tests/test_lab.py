@@ -69,6 +69,23 @@ def test_band_checks_do_not_perturb_training(tmp_path, monkeypatch):
     assert weights_digest(untrained.state_dict()) != weights_digest(fixed.state_dict())  # it did train
 
 
+def test_the_warm_starts_accuracy_check_leaves_room_for_the_longest_answer(tmp_path, monkeypatch):
+    # five-digit column traces run past 40 tokens: cut there, every right answer scored as wrong
+    import aisrl.lab as lab
+
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path))
+    room = []
+    monkeypatch.setattr(lab, "greedy_accuracy", lambda model, tok, held, task, n: room.append(n) or 0.0)
+    cfg = LabConfig(hidden=32, layers=1, sft_examples=64, sft_steps=0, max_operand=99999, trace="columns", ops="+")
+    lab_model(cfg, verbose=False)
+    task, tok = lab.lab_task(cfg), lab.CharTokenizer()
+    held = task.problems("test", 80, seed=cfg.seed + 1)
+    longest = max(len(tok.encode(lab.completion_text(p))) + 1 for p in held)  # with its EOS
+    assert room[0] >= longest > 40
+    lab_model(LabConfig(hidden=32, layers=1, sft_examples=64, sft_steps=0, seed=1), verbose=False)
+    assert room[1] == 40  # the default lab's answers fit in 40: its warm start is unchanged
+
+
 @pytest.mark.slow
 def test_default_warm_start_trains_its_steps_leaves_room_for_rl_and_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("AISRL_CACHE", str(tmp_path))
