@@ -135,18 +135,28 @@ def transfer_schedule(n_masked: torch.Tensor, steps: int) -> torch.Tensor:
 
 @torch.no_grad()
 def diffusion_generate(model, prompts: list[list[int]], params: DiffusionParams, *, mask_id: int, pad_id: int = 0,
-                       seeds: list[int] | None = None, trace: list | None = None):  # fmt: skip
+                       seeds: list[int] | None = None, trace: list | None = None,
+                       micro_batch: int | None = None):  # fmt: skip
     """(x (B, P + gen_length) with the prompts left-padded, attention mask (B, P + gen_length)).
 
-    `trace`, if a list, receives one (block, step, committed (B, L) bool) entry per step (for tests)."""
+    seeds: one per prompt (None: the row index). Each denoising step runs the model on `micro_batch` rows at a time
+    (None: all), so no more than that many rows' full-vocabulary logits exist at once; rows do not interact, so
+    the result is the same. `trace`, if a list, receives one (block, step, committed (B, L) bool) entry per step
+    (for tests)."""
+    if not prompts or not all(len(ids) for ids in prompts):
+        raise ValueError("diffusion_generate needs one or more prompts, each of one or more tokens")
+    seeds = list(range(len(prompts))) if seeds is None else [int(s) for s in seeds]
+    if len(seeds) != len(prompts):
+        raise ValueError(f"need one seed per prompt: {len(seeds)} seeds for {len(prompts)} prompts")
     b, p, g = len(prompts), max(map(len, prompts)), params.gen_length
+    mb = micro_batch or b
     x = torch.full((b, p + g), mask_id, dtype=torch.long)
     attn = torch.ones(b, p + g, dtype=torch.bool)
     for i, ids in enumerate(prompts):
         x[i, : p - len(ids)] = pad_id
         attn[i, : p - len(ids)] = False
         x[i, p - len(ids) : p] = torch.tensor(ids)
-    gens = [torch.Generator().manual_seed(s) for s in (seeds or range(b))]
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
     device = device_of(model)  # the model may sit on a GPU; the sampler's state stays on the CPU
     attn_dev = attn.to(device)
     blocks = g // params.block_length
@@ -156,7 +166,8 @@ def diffusion_generate(model, prompts: list[list[int]], params: DiffusionParams,
         schedule = transfer_schedule((x[:, lo:hi] == mask_id).sum(-1), per_block)  # (B, per_block)
         for step in range(per_block):
             # only the current block can be committed: its logits alone leave the device
-            logits = model(x.to(device), attention_mask=attn_dev).logits[:, lo:hi].float().cpu()  # (B, K, V)
+            logits = torch.cat([model(x[r : r + mb].to(device), attention_mask=attn_dev[r : r + mb]).logits[:, lo:hi]
+                                .float().cpu() for r in range(0, b, mb)])  # (B, K, V)  # fmt: skip
             logits[..., mask_id] = -torch.inf  # a committed token is never [MASK]
             masked = x[:, lo:hi] == mask_id  # (B, K)
             probs = logits.softmax(-1)  # (B, K, V) untempered: the confidence of low-confidence remasking
@@ -192,7 +203,11 @@ def diffusion_logprobs(model, x: torch.Tensor, attn: torch.Tensor, prompt_len: i
     One forward pass on x with every completion position masked and each real prompt token masked with
     probability p_mask, drawn from torch.Generator seeded with `seed` (share it between rollout and trainer).
     The draws are per prompt token, counted from the row's first one and the same for every row, so a row gets
-    the masks it gets in any batch (a micro-batch, another rank's share, another padding width)."""
+    the masks it gets in any batch (a micro-batch, another rank's share, another padding width). Prompts must be
+    left-padded, as diffusion_generate leaves them."""
+    if prompt_len and not attn[:, prompt_len - 1].all():
+        raise ValueError("diffusion_logprobs needs left-padded prompts (attn[:, prompt_len - 1] true in every row), "
+                         "as diffusion_generate returns them")  # fmt: skip
     lengths = attn[:, :prompt_len].sum(1).tolist()
     draws = torch.ones(x.shape[0], prompt_len)  # (B, P): padding never masked
     for i, n in enumerate(lengths):
@@ -205,5 +220,6 @@ def diffusion_logprobs(model, x: torch.Tensor, attn: torch.Tensor, prompt_len: i
     device = device_of(model)
     logits = model(noisy.to(device), attention_mask=attn.to(device)).logits[:, prompt_len:].float()  # (B, T, V)
     target = x[:, prompt_len:].to(device)
-    logp = logits.log_softmax(-1).gather(-1, target[..., None]).squeeze(-1).to(x.device)  # (B, T)
+    # the target's logit less the log-normaliser: no (B, T, V) log-softmax beside the logits
+    logp = (logits.gather(-1, target[..., None]).squeeze(-1) - logits.logsumexp(-1)).to(x.device)  # (B, T)
     return torch.where(completion_mask.bool().to(logp.device), logp, 0.0)  # a 0/1 mask too

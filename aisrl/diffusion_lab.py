@@ -12,6 +12,7 @@ log-likelihood).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import torch
@@ -56,14 +57,16 @@ def diffusion_lab_model(cfg: LabConfig, params: DiffusionParams, verbose: bool =
     key = {"lab": cfg, "gen_length": params.gen_length, "block_length": params.block_length, "steps": params.steps,
            "remasking": params.remasking}  # fmt: skip
     cache = _cache_dir(_Key(**key), kind="diffusion_lab")
-    model = tiny_diffusion_model(len(tok) + 1, mask_id_of(tok), hidden=cfg.hidden, layers=cfg.layers,
-                                 max_len=128, seed=cfg.seed)  # fmt: skip
-    if (cache / "info.json").exists():
-        model.load_state_dict(load_file(cache / "model.safetensors"))
-        return model.eval(), tok, json.loads((cache / "info.json").read_text())
     task = lab_task(cfg)
     train = task.problems("train", cfg.sft_examples, seed=cfg.seed)
     held = task.problems("test", 80, seed=cfg.seed + 1)
+    need = max(len(encode_prompt(tok, p)) for p in train + held) + params.gen_length  # prompt and completion
+    max_len = 128 if need <= 128 else 128 * 2 ** math.ceil(math.log2((need + 32) / 128))  # 128: every earlier lab
+    model = tiny_diffusion_model(len(tok) + 1, mask_id_of(tok), hidden=cfg.hidden, layers=cfg.layers,
+                                 max_len=max_len, seed=cfg.seed)  # fmt: skip
+    if (cache / "info.json").exists():
+        model.load_state_dict(load_file(cache / "model.safetensors"))
+        return model.eval(), tok, json.loads((cache / "info.json").read_text())
     seqs = [(encode_prompt(tok, p), tok.encode(completion_text(p)) + [tok.eos_token_id]) for p in train]
     if max(len(c) for _, c in seqs) > params.gen_length:
         raise ValueError(f"gen_length={params.gen_length} is shorter than the task's completions "

@@ -65,7 +65,8 @@ class DiffusionPolicy:
 
         p = self.params
         params = DiffusionParams(p.gen_length, p.block_length, p.steps, 0.0, p.remasking) if greedy else p
-        x, attn = diffusion_generate(model, prompts, params, mask_id=self.mask_id, pad_id=self.pad_id, seeds=seeds)
+        x, attn = diffusion_generate(model, prompts, params, mask_id=self.mask_id, pad_id=self.pad_id, seeds=seeds,
+                                     micro_batch=self.micro_batch)  # fmt: skip
         n_prompt = x.shape[1] - p.gen_length
         comp = x[:, n_prompt:]  # (B, G)
         is_eos = comp == self.eos_id
@@ -107,4 +108,6 @@ class DiffusionPolicy:
         return torch.arange(r.completion_ids.shape[0])
 
     def greedy(self, model, prompts) -> Rollout:
-        return self._rollout(model, prompts, None, True, 0)
+        # one seed for every row: with random remasking a row's commit order (so its answer) must not depend on its
+        # place in the batch, nor on how evaluation shares the problems out over ranks
+        return self._rollout(model, prompts, [0] * len(prompts), True, 0)

@@ -345,6 +345,9 @@ def logprobs(
     (B, P), T = prompt_ids.shape, completion_ids.shape[1]
     if T == 0 or B == 0:  # nothing to score (and nothing to differentiate)
         return torch.zeros(B, T, device=completion_mask.device)
+    if P == 0 or not prompt_mask[:, -1].all():  # each completion is predicted from its prompt's last column
+        raise ValueError("logprobs needs left-padded prompts of one or more tokens (prompt_mask[:, -1] true in every "
+                         "row), as generate and left_pad return them")  # fmt: skip
     ends = _ends(completion_mask)  # (B,)
     order = _order(prompt_mask, ends)  # = length_order(prompt_mask, completion_mask)
     parts = []

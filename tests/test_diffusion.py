@@ -162,3 +162,40 @@ def test_the_tiny_model_and_d1_log_probs_do_not_see_the_padding():
     wide_attn = torch.cat([torch.zeros(1, 3, dtype=torch.bool), attn], 1)
     lp_wide = diffusion_logprobs(model, wide, wide_attn, 6, done, mask_id=MASK, p_mask=0.5, seed=3)
     torch.testing.assert_close(lp, lp_wide, atol=1e-5, rtol=1e-5)
+
+
+def test_micro_batched_generation_matches_the_whole_batch_and_bad_input_is_named():
+    model = tiny_diffusion_model(V, MASK, hidden=32, layers=1, max_len=64)
+    params = DiffusionParams(gen_length=8, block_length=4, steps=4, temperature=1.0, remasking="random")
+    prompts, seeds = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11]], [3, 1, 4, 1]
+    seen, forward = [], model.forward
+    model.forward = lambda x, **k: seen.append(x.shape[0]) or forward(x, **k)
+    whole, attn = diffusion_generate(model, prompts, params, mask_id=MASK, seeds=seeds)
+    assert set(seen) == {4}
+    seen.clear()
+    parts, attn_parts = diffusion_generate(model, prompts, params, mask_id=MASK, seeds=seeds, micro_batch=3)
+    assert torch.equal(whole, parts) and torch.equal(attn, attn_parts)
+    assert seen and set(seen) == {3, 1}  # no more than 3 rows' logits at a time
+    with pytest.raises(ValueError, match="need one seed per prompt: 2 seeds for 4 prompts"):
+        diffusion_generate(model, prompts, params, mask_id=MASK, seeds=[0, 1])
+    with pytest.raises(ValueError, match="one or more prompts, each of one or more tokens"):
+        diffusion_generate(model, [], params, mask_id=MASK)
+    with pytest.raises(ValueError, match="one or more prompts, each of one or more tokens"):
+        diffusion_generate(model, [[1], []], params, mask_id=MASK)
+    # the scorer reads each completion from its prompt's last column: right-padded prompts are refused
+    done = torch.ones(4, 8, dtype=torch.bool)
+    right = torch.cat([attn[:, :5].flip(1), attn[:, 5:]], 1)
+    with pytest.raises(ValueError, match="needs left-padded prompts"):
+        diffusion_logprobs(model, whole, right, 5, done, mask_id=MASK)
+
+
+def test_greedy_evaluation_with_random_remasking_does_not_depend_on_a_problems_place():
+    from aisrl.policy import DiffusionPolicy
+
+    model = tiny_diffusion_model(V, MASK, hidden=32, layers=1, max_len=64)
+    params = DiffusionParams(gen_length=8, block_length=8, steps=8, temperature=1.0, remasking="random")
+    policy = DiffusionPolicy(params, MASK, pad_id=0, eos_id=2, micro_batch=2)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
+    batch = policy.greedy(model, prompts).completion_ids
+    for i, p in enumerate(prompts):  # alone, as another rank's share would hold it
+        assert torch.equal(policy.greedy(model, [p]).completion_ids[0], batch[i])

@@ -173,6 +173,12 @@ def test_left_padding_and_errors(model):
         generate(model, PROMPTS, SamplingParams(stop=["</answer>"]))
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=0)
+    # the scorer reads each completion from its prompt's last column: right-padded prompts were scored from padding
+    r = generate(model, [[5], [6, 7, 8]], SamplingParams(max_new_tokens=3), seeds=[1, 2])
+    right_ids = torch.tensor([[5, 0, 0], [6, 7, 8]])
+    right_mask = torch.tensor([[True, False, False], [True] * 3])
+    with pytest.raises(ValueError, match=r"needs left-padded prompts of one or more tokens \(prompt_mask\[:, -1\]"):
+        logprobs(model, right_ids, right_mask, r.completion_ids, r.completion_mask)
 
 
 def test_quantised_rollout_and_fp8_kv_cache_show_mismatch(model):

@@ -145,3 +145,16 @@ def test_diffusion_checkpoint_without_a_mask_id_is_named(tmp_path, capsys):
     ]
     assert main(args) == 2
     assert "set diffusion.mask_id (LLaDA-8B uses 126336)" in capsys.readouterr().err
+
+
+def test_a_long_completion_widens_the_diffusion_lab_model_and_the_default_keeps_its_width(tmp_path):
+    # the model was built with 128 positions whatever the completion length: 128 new tokens failed in the warm start
+    from aisrl.train_config import load_config
+    from aisrl.trainer import build
+
+    short = build(load_config("lab", [*TINY, f"output_dir={tmp_path / 's'}"]))[0]
+    assert short.pos.num_embeddings == 128  # the width every earlier warm start had
+    args = [*TINY, "rollout.max_new_tokens=128", "diffusion.block_length=32", "diffusion.steps=8"]
+    model, tok, task, encode = build(load_config("lab", [*args, f"output_dir={tmp_path / 'l'}"]))
+    longest = max(len(encode(p)) for p in task.problems("train", 16) + task.problems("test", 4, seed=1))
+    assert model.pos.num_embeddings >= longest + 128
