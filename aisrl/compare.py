@@ -219,6 +219,13 @@ def run_rows(path: Path) -> list[dict]:
     return read_jsonl(path / "metrics.jsonl")
 
 
+def per_step(rows: list[dict]) -> list[dict]:
+    """One row per step from 1 to the last logged, so that index i is step i + 1: a step whose row is missing (a
+    damaged line a user removed, as read_jsonl advises) is {"step": s}, and later steps keep their places."""
+    by_step = {r["step"]: r for r in rows}
+    return [by_step.get(s, {"step": s}) for s in range(1, (rows[-1]["step"] if rows else 0) + 1)]
+
+
 def _check_runs(runs: list[Run], cfg: CompareConfig) -> None:
     """Raise, before anything trains, if a run's settings cannot train (naming its group), or if its recorded
     config (its first start's) differs from what this invocation would train."""
@@ -395,8 +402,7 @@ def summarize_run(rows: list[dict], collapse_fraction: float, fall: float = 0.08
     read_jsonl advises) is a None there, so later steps keep their places."""
     times = {k: statistics.fmean([r.get(k, 0.0) for r in rows]) if rows else 0.0 for k in TIMES}
     total = sum(times.values()) or 1.0
-    by_step = {r["step"]: r for r in rows}
-    rows = [by_step.get(s, {"step": s}) for s in range(1, (rows[-1]["step"] if rows else 0) + 1)]  # (max_steps,)
+    rows = per_step(rows)
     out = {
         "steps": len(rows),
         **_accuracies(rows, "eval"),

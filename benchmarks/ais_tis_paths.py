@@ -34,7 +34,9 @@ def main(steps: int, quant: str, seed: int) -> dict:
             out = Path(tmp) / label
             args = [f"seed={seed}", f"rollout.quant={quant}", f"correction.name={name}", f"output_dir={out}",
                     f"max_steps={steps}", "eval_every=1000", "checkpoint_every=1000"]  # fmt: skip
-            subprocess.run([sys.executable, "-c", CHILD, label, force, *args], check=True, capture_output=True)
+            done = subprocess.run([sys.executable, "-c", CHILD, label, force, *args], capture_output=True, text=True)
+            if done.returncode:  # the training run's own message (a bad format, say), not only its command line
+                raise SystemExit(f"the {label} run failed:\n{done.stderr.strip()[-2000:]}")
             runs[label] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     for i in range(steps):
         cells = "  ".join(f"{k}: {r[i]['reward']:.6f} {r[i]['grad_norm']:.8f}" for k, r in runs.items())

@@ -64,8 +64,8 @@ def table(result: dict[str, dict]) -> str:
             s = arm["seeds"].get(k)
             cells.append("-" if s is None else " ".join(f"{100 * c:+.0f}" for c in s["changes"]))
         se = "" if arm["se"] is None else f" ({100 * arm['se']:.1f})"
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {100 * arm['mean_change']:+.1f}{se} | "
-                     f"{arm['fell']}/{arm['branches']} |")  # fmt: skip
+        mean = "-" if arm["mean_change"] is None else f"{100 * arm['mean_change']:+.1f}{se}"  # no branch scored
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {mean} | {arm['fell']}/{arm['branches']} |")
     return "\n".join(lines)
 
 

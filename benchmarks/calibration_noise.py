@@ -68,7 +68,8 @@ def main(runs: Path, steps: list[int], tag: str) -> dict:
             if fig is not None:
                 rows.append({"run": str(path.parent.parent.parent.relative_to(runs)), "step": step, **fig})
     if not rows:
-        raise SystemExit(f"{runs}: no checkpoint at steps {steps} holds two or more pooled calibrations")
+        raise SystemExit(f"{runs}: no checkpoint at steps {steps} holds three or more pooled calibrations (a "
+                         "jackknife of the noise leaves out one and needs two left in)")
     picks = {"pooled": Counter(), "debiased": Counter()}
     shares, apart = [], 0
     for r in rows:

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 from aisrl.bench.cli import command, options
-from aisrl.bench.report import machine, update_section, write_json
-from aisrl.compare import run_rows
+from aisrl.bench.report import machine, settings_tag, update_section, write_json
+from aisrl.compare import per_step, run_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from copy_pull import setup  # noqa: E402  (sibling scripts, not a package)
@@ -35,6 +35,7 @@ from paired_seeds import collect, summary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ("k3", "nll", "reward")
+DEFAULTS = {"steps": [80, 100], "preset": "lab_columns", "held": 4, "quant": "mxfp4_w4a4"}  # the published ones
 
 
 def paired(a: dict[int, dict], b: dict[int, dict]) -> dict | None:
@@ -42,6 +43,11 @@ def paired(a: dict[int, dict], b: dict[int, dict]) -> dict | None:
     run far off its copy does not move); None under two seeds."""
     diffs = [a[s]["k3"] - b[s]["k3"] for s in sorted(set(a) & set(b))]
     return {**summary(diffs), "median": statistics.median(diffs)} if len(diffs) > 1 else None
+
+
+def _r(c: dict) -> str:
+    """A correlation as text: r and its permutation p, or why it is undefined."""
+    return "undefined (no spread)" if c["r"] is None else f"r {c['r']:+.2f} (permutation p {c['p']:.2g})"
 
 
 def section(out: dict) -> str:
@@ -68,27 +74,50 @@ def section(out: dict) -> str:
             lines.append(f"| {name} | {d['mean']:+.4f} ({d['se']:.4f}), {d['median']:+.4f}, {d['positive']}/{d['n']} |")
     if "reference_k3_vs_accuracy" in out:
         c = out["reference_k3_vs_accuracy"]
-        lines.append(f"\nFull-precision runs, measured k3 against their held-out greedy accuracy across seeds: r "
-                     f"{c['r']:+.2f} (permutation p {c['p']:.2g}).")  # fmt: skip
+        lines.append(f"\nFull-precision runs, measured k3 against their held-out greedy accuracy across seeds: "
+                     f"{_r(c)}.")  # fmt: skip
     return "\n".join(lines)
+
+
+def finished_runs(dirs: list[Path], kinds: list[str], final: int) -> dict[str, dict[int, Path]]:
+    """{kind: {seed: run folder}} of the runs finished at step `final` (first folder wins); an error naming a folder
+    that does not exist or a kind without one finished run."""
+    missing = [str(d) for d in dirs if not d.is_dir()]
+    if missing or not dirs:
+        raise SystemExit(f"no such folder: {missing} (pass `aisrl compare` output folders)")
+    found = {}
+    for kind in kinds:
+        found[kind] = {}
+        collect(dirs, kind, final, "reward", found[kind])  # the reward exists exactly when the run finished
+    empty = [k for k, where in found.items() if not where]
+    if empty:
+        raise SystemExit(f"no run of {empty} finished to step {final} under {[str(d) for d in dirs]}; kinds are "
+                         "'reference' and FORMAT/METHOD folders there")  # fmt: skip
+    return found
+
+
+def name_of(quant: str, tag: str, steps: list[int], preset: str, held: int) -> str:
+    """The results' name: a hash of the measuring settings is added where they are not the published defaults."""
+    changed = {k: v for k, v in (("steps", steps), ("preset", preset), ("held", held)) if v != DEFAULTS[k]}
+    digest = settings_tag(changed, [{}])
+    return f"checkpoint_mismatch_{quant}" + (f"_{tag}" if tag else "") + (f"_{digest}" if digest else "")
 
 
 def main(dirs: list[Path], kinds: list[str], steps: list[int], quant: str, preset: str, held: int,
          tag: str = "") -> dict:  # fmt: skip
     t0 = time.perf_counter()
+    found = finished_runs(dirs, kinds, max(steps))  # before anything is measured: a misspelt kind is an error
     probe = setup(preset, quant, "")  # one model and copy, each checkpoint's weights loaded into them in turn
     warm = probe.measure(held)
     print("warm start: " + ", ".join(f"{k} {warm[k]:.4f}" for k in KEYS), flush=True)
     final = max(steps)
     runs: dict[str, dict[int, dict]] = {}
-    for kind in kinds:
-        where: dict[int, Path] = {}
-        collect(dirs, kind, final, "greedy_accuracy", where)  # finished runs only, first folder wins
+    for kind, where in found.items():
         runs[kind] = {}
         for seed, run in sorted(where.items()):
             at = [probe.load(f"{run}:{s}").measure(held) for s in steps]
             runs[kind][seed] = {k: statistics.fmean(a[k] for a in at) for k in KEYS}
-            runs[kind][seed]["accuracy"] = run_rows(run)[final - 1].get("eval_accuracy")
+            runs[kind][seed]["accuracy"] = per_step(run_rows(run))[final - 1].get("eval_accuracy")
             print(f"{kind} seed {seed}: " + ", ".join(f"{k} {runs[kind][seed][k]:.4f}" for k in KEYS), flush=True)
     out = {"quant": quant, "preset": preset, "steps": steps, "held": held, "warm_start": warm, "runs": runs,
            "kinds": {}, "seconds": time.perf_counter() - t0, "machine": machine(),
@@ -111,8 +140,8 @@ def main(dirs: list[Path], kinds: list[str], steps: list[int], quant: str, prese
         out["reference_k3_vs_accuracy"] = correlation({k: r["k3"] for k, r in scored.items()},
                                                       {k: r["accuracy"] for k, r in scored.items()})  # fmt: skip
         c = out["reference_k3_vs_accuracy"]
-        print(f"reference runs: k3 vs held-out greedy accuracy across seeds r {c['r']:+.2f} (p {c['p']:.2g})")
-    name = f"checkpoint_mismatch_{quant}{'_' + tag if tag else ''}"
+        print(f"reference runs: k3 vs held-out greedy accuracy across seeds: {_r(c)}")
+    name = name_of(quant, tag, steps, preset, held)
     write_json(ROOT / "benchmarks" / "results" / f"{name}.json", out)
     update_section(ROOT / "BENCHMARKS.md", name, section(out))
     return out
@@ -121,6 +150,6 @@ def main(dirs: list[Path], kinds: list[str], steps: list[int], quant: str, prese
 if __name__ == "__main__":
     paths, kw = options(sys.argv[1:], ("kinds", "steps", "quant", "preset", "held", "tag"), positional=True)
     kinds = kw.get("kinds", "reference,mxfp4_w4a4/none,mxfp4_w4a4/tis,mxfp4_w4a4/ais").split(",")
-    main([Path(p) for p in paths], kinds, [int(s) for s in kw.get("steps", "80,100").split(",")],
-         kw.get("quant", "mxfp4_w4a4"), kw.get("preset", "lab_columns"), int(kw.get("held", 4)),
-         kw.get("tag", ""))  # fmt: skip
+    main([Path(p) for p in paths], kinds, [int(s) for s in kw["steps"].split(",")] if "steps" in kw else
+         DEFAULTS["steps"], kw.get("quant", DEFAULTS["quant"]), kw.get("preset", DEFAULTS["preset"]),
+         int(kw.get("held", DEFAULTS["held"])), kw.get("tag", ""))  # fmt: skip

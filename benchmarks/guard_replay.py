@@ -23,13 +23,14 @@ folders matching `group` (a glob; all groups by default), finished to `steps`. W
 benchmarks/results/guard_replay_<tag>.json.
 """
 
+import math
 import statistics
 import sys
 from pathlib import Path
 
 from aisrl.bench.cli import command, options
 from aisrl.bench.report import write_json
-from aisrl.compare import run_rows, summarize_run
+from aisrl.compare import per_step, run_rows, summarize_run
 from aisrl.update import MismatchGuard
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,8 +38,9 @@ OPTIONS = {"group": "*/*", "factor": "4", "window": "10", "drift": "2", "anchor"
            "steps": "100", "fall": "0.08", "tag": "study"}  # fmt: skip
 
 
-def jump_trips(k3: list[float], factor: float, window: int) -> list[int]:
-    """Steps (1-based) at which `correction.guard=factor` trips on this k3 series."""
+def jump_trips(k3: list[float], factor: float, window: int, skipped: list[bool] | None = None) -> list[int]:
+    """Steps (1-based) at which `correction.guard=factor` trips on this k3 series; skipped[i]: step i + 1 updated
+    nothing (the trainer then forgets its undo copy, so a jump at the next step only moves the baseline)."""
     guard = MismatchGuard(factor, window)
     trips = []
     for step, value in enumerate(k3, 1):
@@ -47,26 +49,35 @@ def jump_trips(k3: list[float], factor: float, window: int) -> list[int]:
             guard.saved = None  # restored: nothing to undo at the next step
         else:
             guard.saved = (None, None)  # this step's update can be undone at the next
+        if skipped and skipped[step - 1]:
+            guard.forget()
     return trips
 
 
 def first_drift(k3: list[float], ratio: float, anchor: int, window: int) -> int | None:
     """First step whose trailing `window`-step median k3 exceeds `ratio` times the median of steps 1..anchor."""
-    base = statistics.median(k3[:anchor])
+    base = _median(k3[:anchor])
     return next((t for t in range(anchor + window, len(k3) + 1)
-                 if statistics.median(k3[t - window : t]) > ratio * base), None)  # fmt: skip
+                 if _median(k3[t - window : t]) > ratio * base), None)  # fmt: skip
+
+
+def _median(xs: list[float]) -> float:
+    """The median of the finite values (a step without a measured k3 is left out; NaN if none is finite)."""
+    finite = [x for x in xs if math.isfinite(x)]
+    return statistics.median(finite) if finite else math.nan
 
 
 def run_row(name: str, rows: list[dict], opts: dict) -> dict:
-    k3 = [r["k3_kl"] for r in rows]  # (steps,)
+    k3 = [r.get("k3_kl", math.nan) for r in rows]  # (steps,): NaN where a step's row is missing
+    skipped = [r.get("update_skipped", 0.0) == 1.0 for r in rows]
     summary = summarize_run(rows, 0.5, opts["fall"])  # best and last held-out greedy accuracy, as `aisrl compare`
     best_step = next((s for s, acc in summary["eval_curve"] if acc == summary["eval_best"]), 0)  # 0: the start
     guarded = any("guard_rollback" in r for r in rows)  # a run trained with the guard off logs no rollbacks
-    return {"run": name, "fell": summary["fell"], "trips": jump_trips(k3, opts["factor"], opts["window"]),
+    return {"run": name, "fell": summary["fell"], "trips": jump_trips(k3, opts["factor"], opts["window"], skipped),
             "logged_trips": [r["step"] for r in rows if r.get("guard_rollback", 0) > 0] if guarded else None,
             "drift": first_drift(k3, opts["drift"], opts["anchor"], opts["drift_window"]),
             "best_eval": summary["eval_best"], "best_step": best_step, "last_eval": summary["eval_final"],
-            "k3_anchor": statistics.median(k3[: opts["anchor"]])}  # fmt: skip
+            "k3_anchor": _median(k3[: opts["anchor"]])}  # fmt: skip
 
 
 def parse(given: dict[str, str]) -> dict:
@@ -100,7 +111,7 @@ def main(argv: list[str]) -> dict:
     runs, unfinished = [], []
     for folder in folders:
         for run in sorted(folder.glob(f"{opts['group']}/seed*")):
-            rows = run_rows(run)[:steps] if (run / "metrics.jsonl").exists() else []
+            rows = per_step(run_rows(run))[:steps] if (run / "metrics.jsonl").exists() else []
             if len(rows) < steps:
                 unfinished.append(str(run))
                 continue

@@ -27,7 +27,7 @@ from paired_seeds import collect, score, summary  # noqa: E402
 from aisrl.bench.cli import command, options  # noqa: E402
 from aisrl.bench.report import write_json  # noqa: E402
 from aisrl.checkpoint import same_start  # noqa: E402
-from aisrl.compare import run_rows, summarize_run  # noqa: E402
+from aisrl.compare import per_step, run_rows, summarize_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SCORES = ("greedy_accuracy", "held_accuracy", "policy_reward")
@@ -47,8 +47,8 @@ def _weights(run: Path) -> str | None:
 
 def twin_check(guarded: Path, unguarded: Path, trips: list[int], steps: int) -> str:
     """'ok' if the two runs agree where they must (rewards up to the first trip; final weights if none), else why."""
-    a, b = run_rows(guarded)[:steps], run_rows(unguarded)[:steps]
-    first_diff = next((r["step"] for r, s in zip(a, b, strict=False) if r["reward"] != s["reward"]), None)
+    a, b = per_step(run_rows(guarded))[:steps], per_step(run_rows(unguarded))[:steps]
+    first_diff = next((r["step"] for r, s in zip(a, b, strict=False) if r.get("reward") != s.get("reward")), None)
     if trips and first_diff is not None and first_diff <= trips[0]:
         return f"rewards differ at step {first_diff}, before the first trip ({trips[0]})"
     if not trips and (first_diff is not None or _weights(guarded) != _weights(unguarded)):
@@ -57,7 +57,7 @@ def twin_check(guarded: Path, unguarded: Path, trips: list[int], steps: int) -> 
 
 
 def seed_row(seed: int, guarded: Path, unguarded: Path | None, steps: int, fall: float) -> dict:
-    rows = run_rows(guarded)[:steps]
+    rows = per_step(run_rows(guarded))[:steps]
     trips = [r["step"] for r in rows if r.get("guard_rollback", 0) > 0]
     if unguarded is None and trips:
         return {"seed": seed, "trips": trips, "twin": "missing: the guard tripped, run this seed unguarded"}
@@ -67,7 +67,7 @@ def seed_row(seed: int, guarded: Path, unguarded: Path | None, steps: int, fall:
     out = {"seed": seed, "trips": trips,
            "twin": twin_check(guarded, unguarded, trips, steps) if unguarded else "itself (no trip)"}  # fmt: skip
     for arm, run in (("guard", guarded), ("none", twin)):
-        out[f"fell_{arm}"] = summarize_run(run_rows(run)[:steps], 0.5, fall)["fell"]
+        out[f"fell_{arm}"] = summarize_run(per_step(run_rows(run))[:steps], 0.5, fall)["fell"]
         for metric in SCORES:
             out[f"{metric}_{arm}"] = score(run, steps, metric)
     return out
@@ -100,8 +100,8 @@ def main(argv: list[str]) -> dict:
             continue
         g, n = s["greedy_accuracy_guard"], s["greedy_accuracy_none"]
         fell = " | ".join("yes" if s[f"fell_{arm}"] else "-" for arm in ("guard", "none"))
-        print(f"| {s['seed']} | {', '.join(map(str, s['trips'])) or '-'} | {s['twin']} | {100 * g:.1f} | "
-              f"{100 * n:.1f} | {fell} |")  # fmt: skip
+        g, n = ("-" if x is None else f"{100 * x:.1f}" for x in (g, n))  # None: no evaluation at `steps`
+        print(f"| {s['seed']} | {', '.join(map(str, s['trips'])) or '-'} | {s['twin']} | {g} | {n} | {fell} |")
     for subset, chosen in (("all", paired), ("tripped", [s for s in paired if s["trips"]])):
         result["guard_minus_none"][subset] = {}
         for metric in SCORES:

@@ -19,6 +19,8 @@ benchmarks/results/mismatch_vs_gap_<tag or format>_<metric>.json and its section
 
 from __future__ import annotations
 
+import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -27,7 +29,7 @@ import torch
 
 from aisrl.bench.cli import command, options
 from aisrl.bench.report import update_section, write_json
-from aisrl.compare import run_rows
+from aisrl.compare import per_step, run_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paired_seeds import METRICS, check_starts, collect  # noqa: E402  (a sibling script, not a package)
@@ -55,7 +57,7 @@ def demean(values: dict[tuple[str, int], float], rounds: int = 200) -> dict[tupl
 def correlation(x: dict, y: dict, permutations: int = 20000) -> dict:
     """Pearson correlation of the paired residuals, its two-sided permutation p-value (the share of random
     pairings of the same residuals with at least its |r|) and the least-squares slope of y on x."""
-    keys = sorted(x)
+    keys = [k for k in sorted(x) if math.isfinite(x[k]) and math.isfinite(y[k])]  # (a NaN would make every p tiny)
     a = torch.tensor([x[k] for k in keys], dtype=torch.float64)
     b = torch.tensor([y[k] for k in keys], dtype=torch.float64)
     a, b = a - a.mean(), b - b.mean()
@@ -70,9 +72,16 @@ def correlation(x: dict, y: dict, permutations: int = 20000) -> dict:
 
 
 def k3_fifths(run: Path, steps: int) -> tuple[float, float]:
-    rows = run_rows(run)[:steps]
+    """Mean k3 KL over the first and the last fifth of `steps` (its finite values: a step that lost every token logs
+    a NaN k3; NaN where a fifth has none)."""
+    rows = per_step(run_rows(run))[:steps]
     fifth = max(1, steps // 5)
-    return (statistics.fmean(r["k3_kl"] for r in rows[:fifth]), statistics.fmean(r["k3_kl"] for r in rows[-fifth:]))
+    return tuple(_fmean([r.get("k3_kl") for r in part]) for part in (rows[:fifth], rows[-fifth:]))
+
+
+def _fmean(xs: list) -> float:
+    finite = [x for x in xs if x is not None and math.isfinite(x)]
+    return statistics.fmean(finite) if finite else math.nan
 
 
 def section(out: dict, command: str) -> str:
@@ -127,6 +136,10 @@ def main(dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metri
     text = section(result, command(__file__))
     print(text)
     name = "_".join([tag or fmt, metric])
+    earlier = ROOT / f"benchmarks/results/mismatch_vs_gap_{name}.json"
+    if tag and earlier.exists() and json.loads(earlier.read_text()).get("format", fmt) != fmt:
+        raise SystemExit(f"tag={tag!r} names a study of format {json.loads(earlier.read_text())['format']!r} already "
+                         f"({earlier}); give this one ({fmt}) a tag of its own")  # fmt: skip
     write_json(ROOT / f"benchmarks/results/mismatch_vs_gap_{name}.json", result)
     update_section(ROOT / "BENCHMARKS.md", f"mismatch_vs_gap_{name}", text)
     return result

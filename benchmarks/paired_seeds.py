@@ -30,21 +30,22 @@ from pathlib import Path
 from aisrl.bench.cli import options
 from aisrl.bench.report import write_json
 from aisrl.checkpoint import same_start
-from aisrl.compare import run_rows
+from aisrl.compare import per_step, run_rows
 from aisrl.final_eval import current
 
 ROOT = Path(__file__).resolve().parent.parent
 METRICS = ("reward", "greedy_accuracy", "policy_reward", "sampler_reward", "held_accuracy", "held_reward")
 
 
-def last_fifth_reward(rows: list[dict], steps: int) -> float:
-    tail = [r["reward"] for r in rows[:steps][-max(1, steps // 5) :]]
-    return sum(tail) / len(tail)
+def last_fifth_reward(rows: list[dict], steps: int) -> float | None:
+    """The mean training reward over the last fifth of `steps` (rows: per_step's, one per step)."""
+    tail = [r["reward"] for r in rows[:steps][-max(1, steps // 5) :] if r.get("reward") is not None]
+    return sum(tail) / len(tail) if tail else None
 
 
 def score(run: Path, steps: int, metric: str, rows: list[dict] | None = None) -> float | None:
     """The run's `metric`, or None if the run is unfinished or was not scored."""
-    rows = run_rows(run) if rows is None else rows  # (the caller's, if it read them already)
+    rows = per_step(run_rows(run)) if rows is None else rows  # (the caller's, if it read them already)
     if len(rows) < steps:
         return None  # unfinished
     if metric == "reward":
@@ -78,7 +79,7 @@ def collect(
             if not digits.isdigit() or str(int(digits)) != digits:
                 continue  # not a run directory of `aisrl compare` (seed07, seed_old, ...)
             seed = int(digits)
-            rows = [] if seed in chosen else run_rows(run)
+            rows = [] if seed in chosen else per_step(run_rows(run))
             if len(rows) < steps:  # chosen already, or unfinished
                 continue
             chosen.add(seed)

@@ -64,7 +64,7 @@ def test_the_recorded_command_carries_the_thread_setting_it_ran_with(tmp_path, m
         env = f"OMP_NUM_THREADS={threads} " if threads else ""
         out = cp.main("lab", "mxfp4_w4a4", "", ["grid"], [1e-3], 1, 1, 1, "t")
         assert out["command"] == f"{env}python benchmarks/copy_pull.py tag=t"
-        out = cm.main([], [], [1], "mxfp4_w4a4", "lab", 1, "t")
+        out = cm.main([tmp_path], [], [1], "mxfp4_w4a4", "lab", 1, "t")
         assert out["command"] == f"{env}python benchmarks/checkpoint_mismatch.py tag=t"
         assert f"`{out['command']}`" in (tmp_path / "BENCHMARKS.md").read_text()
 
