@@ -67,7 +67,7 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name_or_path in TINY:
-        return tiny_model(name_or_path), None
+        return tiny_model(name_or_path).to(dtype), None
     if name_or_path == "smollm2":
         path = smollm2_path()
         missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]

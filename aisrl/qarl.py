@@ -61,10 +61,16 @@ class AlignedLinear(nn.Linear):
 def align_(model: nn.Module, cfg: QuantConfig) -> nn.Module:
     """Make `model`'s linear layers compute in the rollout format `cfg` with straight-through gradients
     (the layers `quantize_` would quantise: all but the output head unless cfg.lm_head, and those cfg.keep
-    leaves in full precision). In place."""
+    leaves in full precision). In place; aligning again replaces the earlier format everywhere (a layer the new
+    `cfg` leaves out is plain again)."""
+    for mod in model.modules():
+        if isinstance(mod, AlignedLinear):
+            mod.__class__ = nn.Linear
+            del mod.qcfg
+            mod.__dict__.pop("aligned", None)
     for _, mod in quant_targets(model, cfg):
         mod.__class__ = AlignedLinear
-        mod.qcfg = cfg  # an already aligned layer takes the new format too
+        mod.qcfg = cfg
     return model
 
 

@@ -259,6 +259,9 @@ def quant_targets(model: nn.Module, cfg: QuantConfig) -> list[tuple[str, nn.Line
     """The (name, layer) pairs of `model` that `cfg` puts in the rollout format: every nn.Linear but the output head
     (unless cfg.lm_head) and those cfg.keep names. Raises when a keep pattern matches none of the candidates (a
     typo would otherwise quantise everything) or when nothing is left to quantise."""
+    if isinstance(model, nn.Linear):  # the swap replaces child layers: a bare layer has no parent to hold its copy
+        raise ValueError("quantize_ and align_ swap a model's nn.Linear children: a bare nn.Linear is not one; wrap "
+                         "it in a container (nn.Sequential(layer)) or use FakeQuantLinear(layer, cfg) directly")
     candidates = [
         (n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and (cfg.lm_head or not _is_head(n, model))
     ]
@@ -323,6 +326,9 @@ def sync_weights(trainer: nn.Module | dict[str, torch.Tensor], rollout: nn.Modul
                 raise ValueError(f"sync_weights: trainer has no parameter {key!r}; is it the same architecture?")
             mod.load_from(src[key])
             if mod.bias is not None:
+                if f"{name}.bias" not in src:
+                    raise ValueError(f"sync_weights: trainer has no parameter {name + '.bias'!r} where the rollout "
+                                     f"copy's layer has a bias; is it the same architecture?")  # fmt: skip
                 mod.bias.copy_(src[f"{name}.bias"])
     quantised = {n for n, m in rollout.named_modules() if isinstance(m, FakeQuantLinear)}
     for name, t in list(rollout.named_parameters()) + list(rollout.named_buffers()):

@@ -91,3 +91,9 @@ def test_smollm2_without_a_gguf_reader_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
     with pytest.raises(ValueError, match=r"reading it needs \['gguf'\]: pip install gguf \(or aisrl\[gguf\]\)"):
         load_model("smollm2")
+
+
+def test_load_model_gives_a_tiny_model_the_dtype_asked_for():
+    model, tok = load_model("tiny-llama", dtype=torch.bfloat16)  # before: FP32 whatever was asked
+    assert tok is None and {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in load_model("tiny-llama")[0].parameters()} == {torch.float32}

@@ -135,3 +135,19 @@ def test_aligning_again_takes_the_new_format():
     model = align_(nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 4)), quant_config("fp8_e4m3_w8a8"))
     align_(model, quant_config("mxfp4_w4a4"))  # before: the aligned layer kept FP8
     assert model[0].qcfg.format == quant_config("mxfp4_w4a4").format != quant_config("fp8_e4m3_w8a8").format
+
+
+def test_aligning_again_replaces_the_earlier_format_everywhere():
+    from aisrl.models import tiny_model
+
+    model = tiny_model("tiny-llama")
+    base = copy.deepcopy(model)
+    align_(model, quant_config("nvfp4"))
+    again = quant_config("fp8_e4m3", keep=("model.layers.0.*",))
+    align_(model, again)
+    q = model.model.layers[0].self_attn.q_proj
+    assert type(q) is nn.Linear and not hasattr(q, "qcfg")  # kept now: plain, not left in nvfp4
+    assert model.model.layers[1].self_attn.q_proj.qcfg.format == "fp8_e4m3"
+    x = torch.randint(3, 100, (2, 7))
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, quantize_(base, again)(x).logits)  # the trainer computes as the copy

@@ -388,3 +388,15 @@ def test_bf16_inputs_are_quantised_in_fp32():
         assert got.dtype == torch.float32 and torch.equal(got, ref)
     # INT8: scale 5/127, 1.0 / scale = 25.4 -> level 25 -> 25 * 5/127 = 0.98425 (bf16 arithmetic gave level 26)
     assert quantize_int(x.to(torch.bfloat16), 8)[0, 1].item() == pytest.approx(25 * 5 / 127, rel=1e-6)
+
+
+def test_a_bare_linear_and_a_trainer_without_the_bias_are_refused_by_name():
+    # before: setattr(model, "", ...) added a child named "" and left the layer in full precision, marked quantised
+    with pytest.raises(ValueError, match=r"a bare nn.Linear is not one; wrap it in a container"):
+        quantize_(nn.Linear(64, 8), quant_config("nvfp4"))
+    wrapped = quantize_(nn.Sequential(nn.Linear(64, 8)), quant_config("nvfp4"))
+    assert isinstance(wrapped[0], FakeQuantLinear)
+    # before: a bare KeyError on the bias
+    rollout = quantize_(nn.Sequential(nn.Linear(64, 8)), quant_config("fp8_e4m3"))
+    with pytest.raises(ValueError, match=r"no parameter '0.bias' where the rollout copy's layer has a bias"):
+        sync_weights(nn.Sequential(nn.Linear(64, 8, bias=False)), rollout)
