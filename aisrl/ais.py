@@ -21,7 +21,7 @@ sequences is N_eff = rho * N_seq. Since Lbar N_seq = N_tok, the number of valid 
 
     alpha* = (Lbar S / 2) / (Lbar S / 2 + (Gamma - 1) / (rho N_seq)) = rho N_tok S / (rho N_tok S + 2 (Gamma - 1)),
 
-clipped to [0, 1] and 0 when S == 0 (no mismatch: the on-policy gradient is recovered exactly).
+clipped to [0, 1] and 0 when S <= 1e-8 (SEVERITY_EPS; no mismatch: the on-policy gradient is recovered exactly).
 docs/ais.md derives it, lists the variants we measured (the first adopted formula used the per-token S
 in place of Lbar S), and shows the benchmark and training numbers behind the choice (benchmarks/estimator.py,
 aisrl compare). An optional EMA across steps smooths alpha: alpha_t = ema * alpha_{t-1} +

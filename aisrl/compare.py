@@ -73,7 +73,8 @@ class CompareConfig:
     preset: str = "lab"
     """Training preset every run starts from (a name in aisrl/presets or a YAML file)."""
     methods: list[str] = field(default_factory=lambda: ["none", "tis", "icepop", "seq_mask", "ais"])
-    """Methods of the low-precision runs: names of aisrl.correction.CORRECTIONS, or of RECIPES (qarl, solrl)."""
+    """Methods of the low-precision runs: names of aisrl.correction.CORRECTIONS, or of RECIPES (qarl, solrl,
+    calibrated, calibrated_pooled, calibrated_mix)."""
     formats: list[str] = field(default_factory=lambda: ["fp8_e4m3_w8a8", "mxfp4"])
     """Low-precision rollout formats (presets of aisrl.quant.PRESETS)."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])

@@ -17,8 +17,8 @@ per-token log-probs with one forward pass on a perturbed input: every completion
 token masked with probability p_mask, then log p(o_t | perturbed input) at the completion positions. The
 prompt masking draws come from a seed that the rollout-side and the trainer-side evaluations share, so the
 importance ratio compares the two models on the same input, and identical models give weights of exactly 1.
-The draws are per (left-padded) position and shared by the rows of a batch, so a micro-batch is perturbed
-exactly as it is inside the whole batch.
+The draws are per prompt token, counted from each row's first one, so a row is perturbed alike in a micro-batch,
+in the whole batch, or padded wider.
 
 A real LLaDA checkpoint directory (Hugging Face remote-code format) loads with `load_diffusion_model(path)`;
 nothing is downloaded. `tiny_diffusion_model` builds the small random model of the tests and the lab; its

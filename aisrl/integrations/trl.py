@@ -113,8 +113,9 @@ class AISGRPOTrainer(GRPOTrainer):
     correction_options: keyword options of that correction, e.g. {"cap": 2.0} or {"ema": 0.9} for AIS.
     rollout_quant: an aisrl.quant preset ('fp8_e4m3_w8a8', 'mxfp4', ...), an aisrl.quant.QuantConfig (e.g.
         `quant_config("nvfp4_w4a4", keep=("model.layers.0.self_attn.*",))` for mixed precision) or 'none'
-        (full-precision copy) to generate with an aisrl rollout copy; None keeps TRL's generation (then
-        use_vllm=True is needed for any correction other than 'none', since only vLLM reports sampling log-probs).
+        (full-precision copy) to generate with an aisrl rollout copy; None keeps TRL's generation (then any
+        correction other than 'none' needs the sampling log-probs: use_vllm=True, or a rollout_func that returns
+        them).
     """
 
     def __init__(self, model, *args, correction: str = "ais", correction_options: dict | None = None,
