@@ -91,7 +91,9 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 RESUMABLE = ("max_steps", "eval_every", "checkpoint_every", "micro_batch", "output_dir", "device")
 """Config keys a run may change between starts: they decide how long it runs, how often it evaluates and
-checkpoints, how the batch is split for memory (accumulation makes that exact) and where it runs."""
+checkpoints, how the batch is split for memory and where it runs. Accumulation makes a new micro_batch the same
+update up to floating-point rounding, not bit for bit, and with dropout on (lora.dropout) it draws other masks; a
+resume that must equal the uninterrupted run keeps micro_batch (and device)."""
 
 
 def weights_digest(state: dict[str, torch.Tensor]) -> str:

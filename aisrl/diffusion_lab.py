@@ -68,9 +68,11 @@ def diffusion_lab_model(cfg: LabConfig, params: DiffusionParams, verbose: bool =
         model.load_state_dict(load_file(cache / "model.safetensors"))
         return model.eval(), tok, json.loads((cache / "info.json").read_text())
     seqs = [(encode_prompt(tok, p), tok.encode(completion_text(p)) + [tok.eos_token_id]) for p in train]
-    if max(len(c) for _, c in seqs) > params.gen_length:
-        raise ValueError(f"gen_length={params.gen_length} is shorter than the task's completions "
-                         f"({max(len(c) for _, c in seqs)} tokens with EOS)")  # fmt: skip
+    if (longest := max(len(c) for _, c in seqs)) > params.gen_length:
+        fit = -(-longest // params.block_length) * params.block_length  # the next multiple of the block length
+        raise ValueError(f"rollout.max_new_tokens={params.gen_length} (the diffusion generation length) is shorter "
+                         f"than the lab task's completions ({longest} tokens with EOS): set rollout.max_new_tokens="
+                         f"{fit} or more, a multiple of diffusion.block_length={params.block_length}")  # fmt: skip
     loss_of = lambda batch, gen: masked_sft_loss(model, batch, params.gen_length, tok, gen)  # noqa: E731
     train_steps = sft_trainer(cfg, model, seqs, loss_of)
 

@@ -349,6 +349,9 @@ def validate(cfg: TrainConfig) -> None:
     own = sorted(set(cfg.correction.options) & {"cap", "ema", "prev_alpha", "alpha", "veto"})
     if own:
         raise ValueError(f"correction.options sets {own}: set them with their own keys (correction.cap=..., ...)")
+    if cfg.correction.ema and not cfg.correction.calibrate_every and cfg.correction.name != "ais":
+        raise ValueError(f"correction.ema smooths AIS's alpha across steps: it needs correction.name=ais; set "
+                         f"correction.ema=0 for {cfg.correction.name!r}")  # fmt: skip
     for name in cfg.correction.candidates if calibrating else [cfg.correction.name]:
         try:  # the correction checks its own options (cap, ema, alpha) on a one-token batch, before any model
             check_options(name, **correction_options(cfg, None, name))
@@ -467,6 +470,9 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.lora.r < 0 or not 0 <= cfg.lora.dropout < 1:
         raise ValueError(f"lora.r must be >= 0 (0: full fine-tuning) and lora.dropout in [0, 1); got r={cfg.lora.r}, "
                          f"dropout={cfg.lora.dropout}")  # fmt: skip
+    if cfg.lora.r > 0 and not cfg.lora.targets:
+        raise ValueError("lora.targets is empty: name the layers the adapters go on (e.g. [q_proj, v_proj]), or set "
+                         "lora.r=0 for full fine-tuning")  # fmt: skip
     if cfg.lora.r > 0 and not cfg.lora.alpha > 0:  # the adapters' scale alpha / r: at 0 they add and learn nothing
         raise ValueError(f"lora.alpha must be > 0 with lora.r > 0 (the adapters are scaled by alpha / r); got "
                          f"{cfg.lora.alpha}")  # fmt: skip

@@ -330,7 +330,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
         res.metrics["error_token_frac"] = n_err / res.metrics["num_tokens"].clamp(min=1)
         res = res if keep is None else restrict(res, keep)
         alpha = res.metrics["alpha"].item() if "alpha" in res.metrics else None
-        tripped = guard.tripped(res.metrics["k3_kl"].item())
+        measured_batch = res.metrics["num_tokens"].item() > 0  # no token the trainer could score: nothing measured
+        tripped = guard.tripped(res.metrics["k3_kl"].item() if measured_batch else float("nan"))
         if tripped:  # the last update left the rollout copy behind: undo it
             res = restrict(res, torch.zeros_like(res.mask))
             res.metrics["guard_rollback"] = torch.tensor(float(guard.restore(model, opt)))
@@ -360,7 +361,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
         t["time_train"] = time.perf_counter() - t0
         # 5. weight sync into the rollout copy
         t["time_sync"] = sync(merged_state(model))
-        prev_alpha = prev_alpha if tripped else alpha  # a tripped batch is an outlier: it stays out of the AIS EMA
+        # a tripped batch is an outlier and an unmeasured one measured nothing: both stay out of the AIS EMA
+        prev_alpha = alpha if measured_batch and not tripped else prev_alpha
         row = {"step": step, **row, "reward": reward_sum / n_scored.clamp(min=1),
                "reward_nan_frac": 1.0 - n_scored / n_samples, "accuracy": n_correct / n_samples,
                "completion_len": n_tokens / n_samples, "alpha": alpha, **res.metrics, **calibration,

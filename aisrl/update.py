@@ -129,7 +129,8 @@ def _update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
     seconds (time_forward, time_backward, time_optimizer: gradient clipping and the optimizer step) are totals.
     An epoch takes no step when every token is rejected (Adam's momentum would still move the weights) or when the
     gradient is not finite (one inf would turn the weights NaN for good, clipped or not); `update_skipped` is the
-    fraction of epochs that took none."""
+    fraction of epochs that took none. A batch whose tokens all carry advantage 0 (every group tied) does step, as
+    GRPO implementations do: its gradient is 0, and Adam's momentum carries on from the steps before."""
     (tok_total,) = all_sum(res.mask.sum().double())
     acc: dict[str, float] = {"time_optimizer": 0.0}
     skipped = 0

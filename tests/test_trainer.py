@@ -192,6 +192,8 @@ save_checkpoint({str(tmp_path)!r}, 2, m, torch.optim.AdamW(m.parameters()), {{}}
         (["model.name=smollm2", "dataset=d.jsonl"], "dataset='d.jsonl' is set, but task='arithmetic' does not read it"),
         (["correction.ema=-1"], "ema must be in [0, 1)"),
         (["lora.r=4", "lora.alpha=0"], "lora.alpha must be > 0 with lora.r > 0"),  # before: trained nothing
+        (["lora.r=4", "lora.targets=[]"], "lora.targets is empty: name the layers"),  # before: peft's own error
+        (["correction.name=tis", "correction.ema=0.5"], "correction.ema smooths AIS's alpha across steps: it needs"),
         (["loss=tbpo", "agg=seq-mean-token-sum"], "tbpo always averages over sequences"),
         (["correction.bypass=true", "correction.guard=4"], "the k3 KL the guard watches is 0 at every step"),
         (["rollout.engine=static", "correction.calibrate_every=1"], "calibrate with rollout.engine=hf, or set"),
@@ -222,7 +224,6 @@ save_checkpoint({str(tmp_path)!r}, 2, m, torch.optim.AdamW(m.parameters()), {{}}
         (["lora.r=4", "lora.dropout=1.5"], "lora.dropout in [0, 1)"),
         (["clip_low=1.5"], "config key 'clip_low' must be in [0, 1)"),
         (["kl_coef=-0.1"], "config key 'kl_coef' must be >= 0"),
-        (["correction.name=tis", "correction.ema=0.9"], "correction 'tis' got unknown option(s) ['ema', 'prev_alpha']"),
         (["correction.name=none", "correction.options={'low': 0.5}"],
          "it accepts [], plus normalize, metrics_only and veto (any correction)"),
         (["model.name=tiny-llama"], "model.name='tiny-llama' is a tokenizer-less test model and cannot be trained"),
@@ -684,6 +685,28 @@ def test_kl_to_a_frozen_copy_of_the_starting_model(tmp_path, monkeypatch):
     first, *later = rows(tmp_path)
     assert abs(first["kl_ref"]) < 1e-6  # the first step samples the reference itself
     assert all(r["kl_ref"] > 1e-6 for r in later)  # then the policy leaves it, and the copy stays behind
+
+
+def test_a_batch_with_no_scored_token_stays_out_of_the_alpha_ema_and_the_guard_baseline(tmp_path, monkeypatch):
+    import aisrl.trainer
+
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    real = aisrl.trainer._score_at
+
+    def nan_at_step_2(policy, model, rows, step, precision="fp32"):
+        logp = real(policy, model, rows, step, precision)
+        return logp + float("nan") if step == 2 else logp  # the trainer could score no token
+
+    monkeypatch.setattr(aisrl.trainer, "_score_at", nan_at_step_2)
+    out = tmp_path / "run"
+    args = [*TINY, "max_steps=3", "rollout.quant=fp8_e4m3_w8a8", "correction.ema=0.5", "correction.guard=4",
+            "checkpoint_every=1", f"output_dir={out}"]  # fmt: skip
+    train(load_config("lab", args), log=lambda _: None)
+    first, empty, third = rows(out)
+    assert empty["num_tokens"] == 0 and empty["update_skipped"] == 1.0
+    assert third["alpha"] == pytest.approx(0.5 * first["alpha"] + 0.5 * third["alpha_batch"])  # step 1's, not 2's
+    k3 = torch.load(latest_checkpoint(out) / "state.pt", weights_only=True)["extra"]["k3"]
+    assert k3 == pytest.approx([first["k3_kl"], third["k3_kl"]])  # no 0.0 from the batch that measured nothing
 
 
 def test_rewards_that_could_not_be_scored_are_counted_not_averaged(tmp_path, monkeypatch):

@@ -158,3 +158,14 @@ def test_a_long_completion_widens_the_diffusion_lab_model_and_the_default_keeps_
     model, tok, task, encode = build(load_config("lab", [*args, f"output_dir={tmp_path / 'l'}"]))
     longest = max(len(encode(p)) for p in task.problems("train", 16) + task.problems("test", 4, seed=1))
     assert model.pos.num_embeddings >= longest + 128
+
+
+def test_a_generation_length_shorter_than_the_lab_answers_names_the_key_to_raise(tmp_path):
+    from aisrl.train_config import load_config
+    from aisrl.trainer import build
+
+    args = [*TINY, "lab.task=arithmetic", "rollout.max_new_tokens=16", "diffusion.steps=4", f"output_dir={tmp_path}"]
+    with pytest.raises(ValueError, match=r"rollout.max_new_tokens=16 \(the diffusion generation length\) is shorter "
+                                         r"than the lab task's completions \(\d+ tokens with EOS\): set "
+                                         r"rollout.max_new_tokens=24 or more, a multiple of diffusion.block_length=8"):
+        build(load_config("lab", args))  # before: 'gen_length=16 ...', a key no config has
