@@ -248,3 +248,15 @@ def test_a_run_with_other_settings_than_a_published_one_gets_its_own_name():
     assert of("batches=11 instances=1")[0] not in (tag, "N64")
     assert of("groups=16 group_size=4")[1] not in ("estimator", "estimator_N64")
     assert of("policy=markov length=24 groups=32 group_size=8")[0].startswith("markov_L24_N256_")
+
+
+def test_the_variant_formulas_agree_with_ais_below_its_no_mismatch_cut_off():
+    from aisrl.bench.variants import VARIANTS
+
+    def alpha(name, s):
+        t = lambda x: torch.tensor([x], dtype=torch.float64)  # noqa: E731
+        return VARIANTS[name](t(1.0), t(s), t(1 + 2 * s), t(64.0), t(256.0)).item()
+
+    # at L = 4 (t / n) the adopted formula is `design`; at or below S = 1e-8 both are 0 (before: design ~0.985)
+    assert alpha("design", 5e-9) == alpha("adopted", 5e-9) == alpha("c4", 5e-9) == 0.0
+    assert alpha("design", 1e-4) == pytest.approx(alpha("adopted", 1e-4)) and alpha("design", 1e-4) > 0.9

@@ -56,7 +56,8 @@ class EstimatorBenchConfig:
     batches: int = 120
     """Sampled batches per sweep point and instance (>= 2: the variance is estimated across them)."""
     instances: int = 10
-    """Random (policy, perturbation, reward) instances per sweep point; MSEs are averaged over them."""
+    """Random (policy, perturbation, reward) instances per sweep point; their errors are pooled (summed squared errors
+    over summed |g|^2)."""
     strengths: list[float] = field(default_factory=lambda: [0.05, 0.2, 0.5, 1.0])
     """Mismatch strengths: std of the logit perturbation of mu."""
     sharpness: list[float] = field(default_factory=lambda: [0.5, 1.5, 3.0])

@@ -7,11 +7,12 @@ reports what each measured.
 
 import torch
 
-from aisrl.ais import ais_alpha
+from aisrl.ais import SEVERITY_EPS, ais_alpha
 
 
 def _mse_form(bias2: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
-    return torch.where(bias2 > 0, bias2 / (bias2 + var).clamp(min=1e-300), torch.zeros_like(bias2))
+    """bias2 / (bias2 + var), bias2 = 2S in every variant: 0 where S <= SEVERITY_EPS, as in ais_alpha."""
+    return torch.where(bias2 > 2 * SEVERITY_EPS, bias2 / (bias2 + var).clamp(min=1e-300), torch.zeros_like(bias2))
 
 
 VARIANTS = {
