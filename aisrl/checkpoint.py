@@ -177,6 +177,24 @@ def record_config(output_dir: str | Path, config: dict, write: bool = True, defa
         atomic_write_text(path, json.dumps({**recorded, **moved}, indent=1))
 
 
+def hold_run(output_dir: str | Path):
+    """An exclusive lock on the run folder for as long as the returned file stays open (None where the platform has
+    no flock): a second trainer in one folder (a study started twice, a killed study's orphans) would interleave its
+    rows and checkpoints with the first's."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        return None
+    f = open(Path(output_dir) / ".lock", "a")  # noqa: SIM115 (held open by the caller: the lock lives with it)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise ValueError(f"{output_dir} is being trained by another process (it holds {output_dir}/.lock): wait for it "
+                         "to finish or stop it, then run this again to resume") from None
+    return f
+
+
 def _dir(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 

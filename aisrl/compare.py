@@ -39,9 +39,11 @@ import json
 import math
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -191,8 +193,9 @@ def plan(cfg: CompareConfig) -> list[Run]:
             raise ValueError(f"unknown method {m!r}; choose from {sorted(CORRECTIONS) + sorted(RECIPES)}")
     for f in cfg.formats:
         quant_config(f)  # raises with the list of presets
-    if not cfg.seeds or not (cfg.methods or cfg.reference):
-        raise ValueError("nothing to compare: give at least one seed and one method (or reference=true)")
+    if not cfg.seeds or not ((cfg.methods and cfg.formats) or cfg.reference):
+        raise ValueError("nothing to compare: give at least one seed, and one method and one format (or "
+                         "reference=true)")  # fmt: skip
     if cfg.section and not re.fullmatch(r"[A-Za-z0-9_]+", cfg.section):
         raise ValueError(f"section={cfg.section!r} names a file and a BENCHMARKS.md section: use letters, digits "
                          f"and '_' only, e.g. section=compare_mxfp4_keep8")  # fmt: skip
@@ -324,11 +327,40 @@ class RunsFailed(RuntimeError):
 
 
 def train_subprocesses(runs: list[tuple[str, list[str], Path]], jobs: int, log) -> None:
-    """`jobs` concurrent `aisrl train ARGS...` processes, each limited to its share of the cores. `runs` holds
-    (label, train arguments, run folder); each process appends to the folder's train.log."""
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    """`jobs` concurrent `aisrl train ARGS...` processes, each limited to its share of the cores this process may use.
+    `runs` holds (label, train arguments, run folder); each process appends to the folder's train.log. If this
+    process stops (an error, Ctrl-C, SIGTERM), it stops the ones it started: left running, they would race a rerun's
+    processes for the same folders."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores // max(1, min(jobs, len(runs))))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     pending, active, failed = list(runs), {}, []
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
+    try:
+        _train_loop(pending, active, failed, jobs, env, log)
+    finally:
+        for proc in active.values():
+            proc.terminate()
+        for label, proc in active.items():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log(f"stopped {label}")
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+    if failed:
+        raise RunsFailed(f"{len(failed)} runs failed ({', '.join(failed)}); each one's train.log says why; fix "
+                         "and re-run the same command to resume them")  # fmt: skip
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # so that the `finally` above stops the children
+
+
+def _train_loop(pending: list, active: dict, failed: list, jobs: int, env: dict, log) -> None:
+    """Start runs while fewer than `jobs` are active and collect those that end, until none is left."""
     while pending or active:
         while pending and len(active) < jobs:
             label, args, folder = pending.pop(0)
@@ -345,9 +377,6 @@ def train_subprocesses(runs: list[tuple[str, list[str], Path]], jobs: int, log) 
             if proc.returncode != 0:
                 failed.append(label)
                 log(f"{label} failed (exit {proc.returncode}), see its train.log")
-    if failed:
-        raise RunsFailed(f"{len(failed)} runs failed ({', '.join(failed)}); each one's train.log says why; fix "
-                         "and re-run the same command to resume them")  # fmt: skip
 
 
 def _evaluate_finals(cfg: CompareConfig, done: list[Run], log) -> set[Run]:
@@ -453,7 +482,8 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int, done: dict | 
         # finished rows, not rows alone: a run killed saving its last step has them
         rows = done[run] if done is not None else finished_rows(run.path(cfg.out), max_steps)
         if rows is not None:
-            g["runs"][str(run.seed)] = summarize_run(rows[:max_steps], cfg.collapse_fraction, cfg.fall)
+            kept = [r for r in rows if r["step"] <= max_steps]  # by step: a run may go on past the study's length
+            g["runs"][str(run.seed)] = summarize_run(kept, cfg.collapse_fraction, cfg.fall)
             g["runs"][str(run.seed)]["start"] = run_start(run.path(cfg.out))
             if cfg.final_samples > 0 and run not in unscored:  # only scores of this checkpoint and these settings
                 g["runs"][str(run.seed)].update(cached_scores(run.path(cfg.out), cfg.final_samples, max_steps) or {})

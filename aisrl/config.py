@@ -169,6 +169,29 @@ def _float_text(value, typ):
     return value
 
 
+def _top_level_items(key: str, text: str) -> list[str]:
+    """`text` split at the commas outside quotes and brackets (`[a, [b, c], 'd,e']` has three items); an unclosed
+    bracket or quote is an error naming the key."""
+    items, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+        if depth < 0:
+            break
+    if depth or quote:
+        raise ValueError(f"config key {key!r}: [{text}] has an unclosed or unbalanced bracket or quote")
+    return [*items, text[start:]]
+
+
 _SPAN = re.compile(r"\[\s*(-?\d+)\s*,\s*\.\.\.\s*,\s*(-?\d+)\s*\]")  # [a,...,b] in a list of integers
 
 
@@ -189,7 +212,7 @@ def _from_text(key: str, text: str, typ):
         try:
             return _check(key, ast.literal_eval(text), typ)
         except (ValueError, SyntaxError):
-            items = [t.strip() for t in text[1:-1].split(",") if t.strip()]
+            items = [t.strip() for t in _top_level_items(key, text[1:-1]) if t.strip()]
             types_ = (list(_item_types(typ, items)) + [str] * len(items))[: len(items)]  # extras fail in _check
             values = [_from_text(f"{key}[{i}]", t, e) for i, (t, e) in enumerate(zip(items, types_, strict=True))]
             return _check(key, values, typ)

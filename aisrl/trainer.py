@@ -30,6 +30,7 @@ import torch
 from aisrl.calibrate import combine, end_point_weights, measured
 from aisrl.checkpoint import (
     atomic_write_text,
+    hold_run,
     latest_checkpoint,
     load_checkpoint,
     load_weights,
@@ -187,6 +188,16 @@ def _init_distributed(device: torch.device) -> tuple[int, int]:
 
 def train(cfg: TrainConfig, log=print) -> dict:
     """Run (or resume) GRPO; returns the summary dict. Under torchrun: data parallel over prompts."""
+    locks: list = []  # the run folder's lock (checkpoint.hold_run), released however the run ends
+    try:
+        return _train(cfg, log, locks)
+    finally:
+        for lock in locks:
+            if lock is not None:  # (None: no flock on this platform)
+                lock.close()
+
+
+def _train(cfg: TrainConfig, log, locks: list) -> dict:
     validate(cfg)
     device = resolve_device(cfg.device)
     rank, world = _init_distributed(device)
@@ -235,6 +246,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
     start, prev_alpha, guard_state, end_point, past = 0, None, {}, {cfg.correction.name: 1.0}, []
     ckpt = latest_checkpoint(out)
     if ckpt is not None:
+        if rank == 0:  # one trainer per folder, until train returns
+            locks.append(hold_run(out))
         state = load_checkpoint(ckpt, model, opt, rank)
         start, prev_alpha = state["step"], state["extra"].get("prev_alpha")
         guard_state = _guard_state(cfg, state["extra"], log)
@@ -254,6 +267,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ValueError(f"output_dir={out} cannot be created ({e.strerror}); choose another output_dir") from e
+        locks.append(hold_run(out))
         record_start(out, model)  # which weights this run starts from: pairs of runs must share them
     # everything built: this run is under way (a resume with nothing left to train leaves the record as it is)
     record_config(out, dataclasses.asdict(cfg), write=rank == 0 and start < cfg.max_steps, defaults=defaults)

@@ -279,6 +279,7 @@ def test_publish_writes_results_and_benchmarks_section(tmp_path):
         ({"formats": ["fp7"]}, "fp7"),
         ({"only": ["int4/ais"]}, "only='int4/ais' is not a group"),
         ({"seeds": []}, "nothing to compare"),
+        ({"formats": [], "reference": False}, "nothing to compare"),  # before: an empty study, exit 0
         ({"seeds": [0, 1, 0]}, r"seeds lists \[0\] more than once"),
         ({"methods": ["tis", "tis"]}, r"methods lists \[.tis.\] more than once"),
         ({"jobs": -1}, "jobs must be >= 0"),
@@ -681,3 +682,46 @@ def test_a_run_is_finished_only_when_its_checkpoint_and_summary_reach_the_end(tm
     assert finished(run, 2) and not finished(run, 3)
     (run / "checkpoints" / "latest").unlink()
     assert not finished(run, 2)
+
+
+def test_aggregation_reads_a_run_up_to_the_studys_step_not_its_row_count(tmp_path):
+    # a run trained past the study's length, with a removed line: by position, step 11 leaked into the summary
+    cfg = CompareConfig(methods=["tis"], formats=["int4"], seeds=[0], reference=False, out=str(tmp_path))
+    rows = [dict(r, reward=float(r["step"])) for r in _fake_rows([0.0] * 20, {10: 0.3, 20: 0.4}, 0.2, [0.1] * 20)]
+    _write_run(Run("int4", "tis", 0).path(tmp_path), [r for r in rows if r["step"] != 3])
+    run = aggregate(cfg, plan(cfg), max_steps=10)["groups"]["int4/tis"]["runs"]["0"]
+    assert run["steps"] == 10 and run["reward"][-1] == 10.0 and run["eval_final"] == 0.3
+
+
+def test_a_stopped_study_stops_the_runs_it_started_and_shares_the_cores_it_may_use(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    import aisrl.compare as compare
+
+    started, envs, real = [], [], subprocess.Popen
+
+    def popen(cmd, env, **kw):  # a run that would go on for a minute
+        envs.append(env)
+        started.append(real([sys.executable, "-c", "import time; time.sleep(60)"], **kw))
+        return started[-1]
+
+    real_sleep, calls = compare.time.sleep, []
+
+    def interrupted(seconds):  # the study's first wait is cut short (time.sleep is the module's: waits use it too)
+        calls.append(seconds)
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # Ctrl-C (SIGTERM raises SystemExit through the same path)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(compare.subprocess, "Popen", popen)
+    monkeypatch.setattr(compare.time, "sleep", interrupted)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    runs = [(f"r{i}", [], tmp_path / f"r{i}") for i in range(2)]
+    logs = []
+    with pytest.raises(KeyboardInterrupt):
+        compare.train_subprocesses(runs, 8, logs.append)
+    assert len(started) == 2 and all(p.poll() is not None for p in started)  # before: left running
+    assert logs[-2:] == ["stopped r0", "stopped r1"]
+    assert {e["OMP_NUM_THREADS"] for e in envs} == {"8"}  # 16 cores over the 2 runs there are, not over jobs=8

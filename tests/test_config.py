@@ -60,6 +60,13 @@ def test_strings_stay_strings_and_lists_accept_bare_items():
     assert cfg.name == "none" and cfg.methods == ["none", "tis", "ais"] and cfg.label is None
     assert apply_overrides(C(), ["methods=['a', 'b']", "name='1'"]).methods == ["a", "b"]
     assert apply_overrides(C(), ["name='1'"]).name == "1"
+    # bare items split at the top-level commas only: a quoted item or a bracketed one keeps its commas (before:
+    # `"task_options={'a':1,'b':2}"` was cut in two, and an unknown-key error named half of it)
+    both = apply_overrides(C(), ['methods=["opts={\'a\':1,\'b\':2}",steps=2]'])
+    assert both.methods == ["opts={'a':1,'b':2}", "steps=2"]
+    assert apply_overrides(C(), ["methods=[keep=[a,b],steps=2]"]).methods == ["keep=[a,b]", "steps=2"]
+    with pytest.raises(ValueError, match=r"config key 'methods': \[a, \[b\] has an unclosed"):
+        apply_overrides(C(), ["methods=[a, [b]"])
 
 
 def test_a_list_of_integers_takes_a_span():

@@ -709,6 +709,25 @@ def test_a_batch_with_no_scored_token_stays_out_of_the_alpha_ema_and_the_guard_b
     assert k3 == pytest.approx([first["k3_kl"], third["k3_kl"]])  # no 0.0 from the batch that measured nothing
 
 
+def test_a_second_trainer_in_a_run_folder_is_refused_while_the_first_holds_it(tmp_path, monkeypatch):
+    from aisrl.checkpoint import hold_run
+
+    out = tmp_path / "run"
+    out.mkdir()
+    first = hold_run(out)  # a trainer at work in this folder (a killed study's orphan, say)
+    with pytest.raises(ValueError, match=r"is being trained by another process .*run this again to resume"):
+        train(load_config("lab", [*TINY, "max_steps=1", f"output_dir={out}"]), log=lambda _: None)
+    assert list(out.iterdir()) == [out / ".lock"]  # nothing written beside the first trainer's
+    first.close()
+    with monkeypatch.context() as m:
+        m.setattr("aisrl.trainer._update", lambda *a: 1 / 0)  # a run that fails part-way ...
+        with pytest.raises(ZeroDivisionError):
+            train(load_config("lab", [*TINY, "max_steps=1", f"output_dir={out}"]), log=lambda _: None)
+    # ... gives the folder back (though the traceback pytest keeps holds the failed run's frame)
+    train(load_config("lab", [*TINY, "max_steps=1", f"output_dir={out}"]), log=lambda _: None)
+    assert len(rows(out)) == 1
+
+
 def test_rewards_that_could_not_be_scored_are_counted_not_averaged(tmp_path, monkeypatch):
     # a reward function that returns NaN for some completions: they get advantage 0, the logged reward is the mean
     # of the scored ones, and reward_nan_frac says how many were not scored
