@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -162,10 +163,11 @@ def _float_text(value, typ):
                 return [_float_text(v, t) for v, t in zip(value, types_, strict=True)]
         return value
     if isinstance(value, str) and float in options and str not in options:
-        try:
-            return float(value)
+        try:  # a number as text ('1e-3', which YAML 1.1 leaves a string); 'nan' or 'inf' stays text, as on the
+            x = float(value)  # command line, and the type check names the key
         except ValueError:
             return value
+        return x if math.isfinite(x) else value
     return value
 
 

@@ -376,7 +376,7 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.loss == "tbpo" and cfg.agg != TrainConfig.agg:
         raise ValueError(f"agg={cfg.agg!r} is the grpo loss's aggregation; tbpo always averages over sequences: "
                          "leave agg at its default with loss=tbpo")  # fmt: skip
-    if cfg.dual_clip and cfg.dual_clip <= 1:
+    if cfg.dual_clip and not cfg.dual_clip > 1:  # (NaN too)
         raise ValueError(f"dual_clip must be 0 (off) or > 1, got {cfg.dual_clip}")
     if cfg.rollout.align and (cfg.rollout.quant == "none" or cfg.lora.r > 0):
         raise ValueError("rollout.align (QaRL) needs a rollout format (rollout.quant) and full fine-tuning (lora.r=0)")

@@ -210,3 +210,17 @@ def test_more_torchrun_ranks_than_gpus_is_refused_with_the_process_count_to_use(
     with pytest.raises(ValueError, match=r"device 'cuda:1' asked for, but this machine has 0 CUDA devices"):
         resolve_device("cuda")
     assert resolve_device("auto") == torch.device("cpu")
+
+
+def test_a_yaml_nan_is_refused_as_on_the_command_line(tmp_path):
+    from aisrl.train_config import load_config, validate
+
+    preset = tmp_path / "p.yaml"
+    preset.write_text("dual_clip: nan\n")  # text: before, read as float('nan'), which passed every check
+    with pytest.raises(ValueError, match="config key 'dual_clip' expects float, got 'nan'"):
+        load_config(str(preset), [])
+    preset.write_text("dual_clip: .nan\n")  # YAML's own NaN is a float: the range check must catch it
+    with pytest.raises(ValueError, match="dual_clip must be 0 \\(off\\) or > 1, got nan"):
+        validate(load_config(str(preset), []))
+    preset.write_text("lr: 1e-3\n")  # YAML 1.1 leaves this a string: still read as the number
+    assert load_config(str(preset), []).lr == 1e-3
