@@ -338,3 +338,46 @@ def test_a_rejecting_correction_scales_trls_loss_by_the_kept_fraction(tmp_path, 
     loss = tr._compute_loss(model, out)
     core, _ = grpo_loss(old, old, raw["advantages"], keep, weights=torch.where(keep, w, 0.0), agg="token-mean")
     assert core.abs() > 0 and torch.allclose(loss, core * kept_frac, atol=1e-6, rtol=1e-5), (loss, core, kept_frac)
+
+
+def test_a_second_train_call_syncs_the_rollout_copy_again(tmp_path, monkeypatch):
+    # each train() starts at global_step 0: keyed on the step number, the copy kept the weights of the first run
+    import aisrl.integrations.trl as adapter
+
+    syncs, real = [], adapter.sync_weights
+    monkeypatch.setattr(adapter, "sync_weights", lambda *a: syncs.append(1) or real(*a))
+    model, tok, ds = tiny_setup()
+    args = grpo_args(tmp_path)
+    args.max_steps = 1
+    tr = AISGRPOTrainer(model=model, reward_funcs=reward_w5, args=args, train_dataset=ds, processing_class=tok,
+                        correction="tis", rollout_quant="none")  # fmt: skip
+    tr.train()
+    tr.train()
+    assert len(syncs) == 2
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(tr._rollout.state_dict()[name], tiny_setup()[0].state_dict()[name])  # trained weights
+
+
+def test_a_batch_without_a_scored_token_leaves_the_alpha_ema_alone_and_penalties_are_warned_of(tmp_path):
+    from aisrl.rollout import SamplingParams, generate
+
+    model, tok, ds = tiny_setup()
+
+    def unscored(prompts, trainer):  # a sampler that reported no usable log-prob for any token
+        ids = [tok(p)["input_ids"] for p in prompts]
+        r = generate(model, ids, SamplingParams(6, 1.0), pad_id=tok.pad_token_id, eos_id=list(trainer.eos_token_ids))
+        m = r.completion_mask
+        return {"prompt_ids": ids, "completion_ids": [r.completion_ids[i][m[i]].tolist() for i in range(len(ids))],
+                "logprobs": [[float("nan")] * int(m[i].sum()) for i in range(len(ids))]}
+
+    kw = {"reward_funcs": reward_w5, "train_dataset": ds, "processing_class": tok}
+    tr = AISGRPOTrainer(model=model, correction="ais", correction_options={"ema": 0.9}, rollout_func=unscored,
+                        args=grpo_args(tmp_path), **kw)  # fmt: skip
+    tr._aisrl["prev_alpha"] = 0.8
+    tr.model.train()
+    tr._generate_and_score_completions([{"prompt": p} for p in ds["prompt"][:2] for _ in range(4)])
+    assert tr._metrics["train"]["aisrl/num_tokens"][-1] == 0 and tr._aisrl["prev_alpha"] == 0.8  # before: 0.72
+    # the sampler's log-probs include a repetition penalty that TRL's do not: warned of, as top_k is
+    with pytest.warns(UserWarning, match="repetition_penalty.*every importance ratio is biased"):
+        AISGRPOTrainer(model=model, correction="tis", rollout_func=unscored,
+                       args=grpo_args(tmp_path, repetition_penalty=1.2), **kw)  # fmt: skip

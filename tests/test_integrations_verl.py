@@ -136,15 +136,43 @@ def test_the_weights_are_checked_on_the_first_calls_only(stub_verl):
 def test_a_cap_few_tokens_reach_is_found_over_several_micro_batches(stub_verl):
     # verl's default threshold 2.0 under a mild mismatch: two tokens at the cap per micro-batch, never three in one
     fn = make_policy_loss("icepop")
-    old, rollout, logp, adv, mask, w = batch(2)
-    capped = w.clamp(max=1.5)  # (before: taken for raw weights on the first call, then never checked again)
-    capped[mask] = torch.where(capped[mask] >= 1.5, 1.0, capped[mask])
-    two = capped.clone()
-    rows, cols = mask.nonzero(as_tuple=True)
-    two[rows[:2], cols[:2]] = 2.0
+
+    def capped_batch(seed):
+        old, rollout, logp, adv, mask, w = batch(seed)
+        capped = w.clamp(max=1.5)  # (before: taken for raw weights on the first call, then never checked again)
+        capped[mask] = torch.where(capped[mask] >= 1.5, 1.0, capped[mask])
+        rows, cols = mask.nonzero(as_tuple=True)
+        capped[rows[:2], cols[:2]] = 2.0
+        return old, logp, adv, mask, capped
+
+    old, logp, adv, mask, two = capped_batch(2)
     fn(old, logp, adv, mask, "token-mean", CFG, two)
+    fn(old, logp, adv, mask, "token-mean", CFG, two)  # the same micro-batch again (the next PPO epoch): counted once
+    old, logp, adv, mask, two = capped_batch(3)
     with pytest.raises(ValueError, match="look truncated at 2"):
         fn(old, logp, adv, mask, "token-mean", CFG, two)
+
+
+def test_raw_weights_replayed_over_ppo_epochs_are_not_taken_for_a_cap(stub_verl):
+    # verl runs every micro-batch once per epoch: one token at the maximum read as three ties after three epochs
+    fn = make_policy_loss("ais")
+    old, rollout, logp, adv, mask, w = batch(0)
+    assert int((w[mask] == w[mask].max()).sum()) == 1
+    halves = [slice(0, 3), slice(3, 6)]
+    for _ in range(3):  # ppo_epochs=3 over two micro-batches
+        for h in halves:
+            fn(old[h], logp[h], adv[h], mask[h], "token-mean", CFG, w[h])
+
+
+def test_a_micro_batch_with_no_scored_token_leaves_the_alpha_ema_alone(stub_verl):
+    fn = make_policy_loss("ais", ema=0.9)
+    old, rollout, logp, adv, mask, w = batch(0)
+    _, first = fn(old, logp, adv, mask, "token-mean", CFG, w)
+    unscored = torch.full_like(w, float("nan"))  # the rollout engine could score no token of this one
+    fn(old, logp, adv, mask, "token-mean", CFG, unscored)
+    _, again = fn(old, logp, adv, mask, "token-mean", CFG, w)
+    batch_alpha = again["aisrl/alpha_batch"]
+    assert again["aisrl/alpha"] == pytest.approx(0.9 * first["aisrl/alpha"] + 0.1 * batch_alpha)
 
 
 def test_verl_external_module_hook_registers_the_losses(tmp_path, verl_algos):

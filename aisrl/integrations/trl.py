@@ -131,11 +131,11 @@ class AISGRPOTrainer(GRPOTrainer):
                              "per-token advantages do not reach; use another loss_type (grpo, bnpo, dr_grpo, dapo, "
                              "cispo, sapo, luspo) or correction='none'")  # fmt: skip
         if own_sampler and correction != "none":
-            filters = {k: v for k, v in _sampling_filters(train_args).items() if k in ("top_p", "top_k", "min_p")}
+            filters = _sampling_filters(train_args)  # filters, penalties and extra generation_kwargs alike
             if filters:
-                warnings.warn(f"{filters}: the sampler's processed log-probs include these filters and TRL's trainer "
-                              "log-probs do not, so every importance ratio is biased (w < 1 on the kept tokens); "
-                              "sample with temperature only for an exact correction", stacklevel=2)  # fmt: skip
+                warnings.warn(f"{filters}: the sampler's processed log-probs include these settings and TRL's trainer "
+                              "log-probs do not, so every importance ratio is biased; sample with temperature only "
+                              "for an exact correction", stacklevel=2)  # fmt: skip
         vetoes = bool((correction_options or {}).get("veto"))
         if rollout_quant is None and not own_sampler and correction == "none" and vetoes:
             raise ValueError("a veto judges each token's rollout/trainer ratio, which needs the log-probs the "
@@ -187,6 +187,12 @@ class AISGRPOTrainer(GRPOTrainer):
         if mode != "processed_logprobs":
             raise ValueError(f"the vLLM server runs with --logprobs-mode {mode}; the correction needs "
                              "--logprobs-mode processed_logprobs (restart `trl vllm-serve` with it)")  # fmt: skip
+
+    def train(self, *args, **kwargs):
+        # every train() (a second call, a resume) starts a new TrainerState at step 0: a step number the copy was
+        # synced at no longer says that it holds the current weights
+        self._synced_step = None
+        return super().train(*args, **kwargs)
 
     # -- generation with the aisrl rollout copy ------------------------------------------------------
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -245,7 +251,8 @@ class AISGRPOTrainer(GRPOTrainer):
             adv = adv.unsqueeze(1) if adv.dim() == 1 else adv  # (N, 1) or already (N, T)
             out["advantages"] = adv * (res.weights * res.mask).to(adv.dtype).detach()  # (N, T)
         mode = "train" if self.model.training else "eval"
-        if "alpha" in res.metrics and mode == "train":  # evaluation batches do not move the EMA
+        measured = res.metrics["num_tokens"].item() > 0  # a batch with no scored token measured nothing
+        if "alpha" in res.metrics and mode == "train" and measured:  # nor do evaluation batches move the EMA
             self._aisrl["prev_alpha"] = res.metrics["alpha"].item()
         for key, value in res.metrics.items():  # already global under torch.distributed (aisrl.dist)
             self._metrics[mode][f"aisrl/{key}"].append(float(value))

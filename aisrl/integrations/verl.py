@@ -156,6 +156,11 @@ def check_raw_weights(w: torch.Tensor | None, mask: torch.Tensor, tally: dict | 
         if (spread == 0).all():
             raise _settings_error("rollout_is_weights are constant within every sequence (rollout_is=sequence)")
     tally = {"top": -math.inf, "ties": 0} if tally is None else tally
+    seen = tally.setdefault("seen", set())  # verl replays its micro-batches in every PPO epoch: count each once
+    fingerprint = (v.numel(), float(v.double().sum()), float(v.max()))
+    if fingerprint in seen:
+        return True
+    seen.add(fingerprint)
     top = v.max().item()
     if top >= tally["top"]:  # ties at the largest weight so far, over every call that reached it
         tally["ties"] = (tally["ties"] if top == tally["top"] else 0) + int((v == top).sum())
@@ -199,7 +204,7 @@ def make_policy_loss(name: str, **options):
         pg = pg * torch.where(keep, res.weights.detach().to(pg.dtype), 0.0)  # (N, T)
         info = getattr(config, "global_batch_info", None) or (cfg.get("global_batch_info") or {})
         loss = agg_loss(pg, keep, loss_agg_mode, **info)
-        if "alpha" in res.metrics:
+        if "alpha" in res.metrics and res.metrics["num_tokens"].item() > 0:  # an unscored batch measured nothing
             state["prev_alpha"] = res.metrics["alpha"].item()
         n = keep.sum().clamp(min=1)
         metrics = {"actor/pg_clipfrac": (clipped.sum() / n).item(), "actor/pg_clipfrac_lower": (dual.sum() / n).item(),
