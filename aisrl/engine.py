@@ -359,9 +359,12 @@ class Engine:
         T = params.max_new_tokens
         if self.max_len < P + T:
             raise ValueError(f"prompt width {P} + max_new_tokens {T} exceeds the engine's max_len={self.max_len}")
-        seeds = list(range(B)) if seeds is None else list(seeds)
+        seeds = list(range(B)) if seeds is None else [int(s) for s in seeds]
         if len(seeds) != B:
             raise ValueError(f"need one seed per prompt: {len(seeds)} seeds for {B} prompts")
+        if any(not -(2**63) <= s < 2**63 for s in seeds):  # the engine keeps them as int64
+            raise ValueError(f"Engine seeds must fit in 64 signed bits, [-2**63, 2**63); got {max(seeds, key=abs)}")
+        self._check_ids(ids, pmask)
         eos = eos_list(eos_id)
         st = self._state(B, len(eos))
         graph = self._graph(st, params) if self.cuda_graphs else None
@@ -385,7 +388,7 @@ class Engine:
             if graph is not None:
                 graph.replay()
             else:
-                self._decode_step(st, params, P + t + 1)
+                self._decode_step(st, params, P + t)  # slots [0, P + t): this step's span ends there
         lengths = st.lengths.cpu()
         T_used = int(lengths.max())
         cmask = torch.arange(T_used)[None] < lengths[:, None]
@@ -397,12 +400,20 @@ class Engine:
         """{stage: why} for decode stages torch.compile could not fuse (they run eagerly)."""
         return {k: f.failure for k, f in self._fused.items() if getattr(f, "failure", None)}
 
+    def _check_ids(self, ids: torch.Tensor, pmask: torch.Tensor) -> None:
+        """Prompt token ids must index the vocabulary: a negative one would wrap around to the last rows silently."""
+        V, real = self.small["embed"].shape[0], ids[pmask]
+        if real.numel() and (real.min() < 0 or real.max() >= V):
+            bad = real[(real < 0) | (real >= V)][0].item()
+            raise ValueError(f"prompt token id {bad} is outside this model's vocabulary [0, {V})")
+
     @torch.no_grad()
     def next_logits(self, prompts: list[list[int]], pad_id: int = 0) -> torch.Tensor:
         """(B, V) FP32 logits of the token after each prompt (one prefill): for accuracy checks across formats."""
         ids, pmask = left_pad(prompts, pad_id)
         if ids.shape[1] > self.max_len:
             raise ValueError(f"prompt width {ids.shape[1]} exceeds the engine's max_len={self.max_len}")
+        self._check_ids(ids, pmask)
         st = self._state(len(prompts), 0)
         ids, pmask = ids.to(self.device), pmask.to(self.device)
         h = self._layers(self.small["embed"][ids], _positions(pmask), st, valid=pmask)

@@ -34,6 +34,10 @@ def decode_attention_ref(q, k_cache, v_cache, k_scale, v_scale, start, end, widt
     qg = q.float().view(B, Hk, H // Hk, D) * k_scale.view(B, Hk, 1, 1)  # query heads grouped by the kv head they read
     slots = torch.arange(width, device=q.device)
     valid = (slots[None] >= start[:, None]) & (slots[None] < end[:, None])  # (B, W)
+    # slots outside the span may hold anything an earlier call left (a NaN of a broken policy): a mask keeps them out
+    # of the softmax, but 0 * NaN in the product with V would not be 0, so they are zeroed
+    inside = valid[:, None, :, None]  # (B, 1, W, 1)
+    k, v = torch.where(inside, k, 0.0), torch.where(inside, v, 0.0)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=valid[:, None, None], scale=sm_scale)  # (B, Hk, G, D)
     return (out * v_scale.view(B, Hk, 1, 1)).reshape(B, H, D).to(q.dtype)
 

@@ -318,3 +318,33 @@ def test_cuda_fp32_engine_keeps_fp32_attention_and_matches_the_cpu():
     # the same uniforms through FP32 on both sides: equal draws, log-probs equal to FP32 rounding
     assert torch.equal(a.completion_ids.cpu(), b.completion_ids)
     torch.testing.assert_close(a.rollout_logp.cpu(), b.rollout_logp, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("quant", [None, "fp8_e4m3_w8a8_kv"])
+def test_a_nan_an_earlier_batch_left_in_the_cache_does_not_reach_the_next(quant):
+    # the CPU decode read one slot past its span, and a masked slot still entered the product with V (0 * NaN)
+    bad = tiny_model("tiny-llama")
+    with torch.no_grad():
+        bad.model.layers[0].mlp.down_proj.weight[3, 5] = float("nan")
+    prompts, params = [[5, 6, 7], [8, 9]], SamplingParams(8)
+    engine = Engine(bad, quant, max_len=32)
+    assert engine.generate(prompts, params, seeds=[1, 2], eos_id=[]).rollout_logp.isnan().any()
+    engine.sync(tiny_model("tiny-llama"))  # healthy weights again
+    again = engine.generate(prompts, params, seeds=[1, 2], eos_id=[])
+    fresh = Engine(tiny_model("tiny-llama"), quant, max_len=32).generate(prompts, params, seeds=[1, 2], eos_id=[])
+    assert torch.equal(again.completion_ids, fresh.completion_ids)
+    torch.testing.assert_close(again.rollout_logp, fresh.rollout_logp)
+    q, k, v = torch.randn(1, 4, 16), torch.randn(1, 2, 10, 16), torch.randn(1, 2, 10, 16)
+    k[:, :, 9], v[:, :, 9] = float("nan"), float("nan")  # outside the span [0, 5)
+    one = torch.ones(1, 2)
+    assert not decode_attention_ref(q, k, v, one, one, torch.tensor([0]), torch.tensor([5]), 10, 0.25).isnan().any()
+
+
+def test_prompt_ids_outside_the_vocabulary_and_seeds_past_64_bits_are_named():
+    engine = Engine(tiny_model("tiny-llama"), None, max_len=32)
+    with pytest.raises(ValueError, match=r"prompt token id -3 is outside this model's vocabulary \[0, "):
+        engine.generate([[5, -3]], SamplingParams(4, greedy=True))  # before: wrapped to the last row silently
+    with pytest.raises(ValueError, match=r"prompt token id -3 is outside"):
+        engine.next_logits([[5, -3]])
+    with pytest.raises(ValueError, match=r"seeds must fit in 64 signed bits"):
+        engine.generate([[5, 6]], SamplingParams(4), seeds=[2**64 - 1])
