@@ -159,10 +159,6 @@ class Engine:
         self.eos_id = cfg.eos_token_id
         self.tied = bool(getattr(cfg, "tie_word_embeddings", False))  # the head is the embedding: no lm_head tensor
         V = state[f"{prefix}embed_tokens.weight"].shape[0]
-        if qc is not None:
-            dims = {"hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-                    "heads * head_dim": self.H * self.D, "kv_heads * head_dim": self.Hk * self.D}  # fmt: skip
-            _check_fp8_device(self.device, dims | ({"vocab_size": V} if qc.lm_head else {}))
         head_fp8 = qc.granularity if qc and qc.lm_head and not is_kept("lm_head", qc) else None
         if qc is not None:  # the names quantize_ matches keep against: the fake-quant copy keeps the same layers
             names = [n.removesuffix(".weight") for n in state if n.endswith("_proj.weight")]
@@ -192,6 +188,13 @@ class Engine:
             layer["fp8_in"] = {k: layer[k].fp8 is not None for k in ("qkv", "o", "gate_up", "down")}  # FP8 inputs
             self.layers.append(layer)
         self.head = Linear(V, cfg.hidden_size, False, head_fp8, self.dtype, self.device)
+        if qc is not None:  # the sizes of the layers that run in FP8 (those `keep` leaves out may be any size)
+            fp8 = {k for layer in self.layers for k in ("qkv", "o", "gate_up", "down") if layer[k].fp8}
+            dims = {"hidden_size": cfg.hidden_size}
+            dims |= {"intermediate_size": cfg.intermediate_size} if fp8 & {"gate_up", "down"} else {}
+            dims |= {"heads * head_dim": self.H * self.D} if fp8 & {"qkv", "o"} else {}
+            dims |= {"kv_heads * head_dim": self.Hk * self.D} if "qkv" in fp8 else {}
+            _check_fp8_device(self.device, dims | ({"vocab_size": V} if head_fp8 else {}))
         self.small = {}  # embeddings and norm weights, by state name
         self.load(state)
         rot = model.get_decoder().rotary_emb

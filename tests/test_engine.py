@@ -348,3 +348,19 @@ def test_prompt_ids_outside_the_vocabulary_and_seeds_past_64_bits_are_named():
         engine.next_logits([[5, -3]])
     with pytest.raises(ValueError, match=r"seeds must fit in 64 signed bits"):
         engine.generate([[5, 6]], SamplingParams(4), seeds=[2**64 - 1])
+
+
+def test_the_fp8_size_check_reads_only_the_layers_that_run_in_fp8(monkeypatch):
+    # the sizes an FP8 GPU must check (multiples of 16): a layer `keep` leaves in full precision may have any size
+    import aisrl.engine as engine_mod
+
+    seen = []
+    monkeypatch.setattr(engine_mod, "_check_fp8_device", lambda device, dims: seen.append(dims))
+    head_kept = QuantConfig("fp8_e4m3", activations=True, lm_head=True, keep=("lm_head",))
+    Engine(tiny_model("tiny-qwen2", vocab_size=250), head_kept, max_len=32)
+    assert "vocab_size" not in seen[-1] and "intermediate_size" in seen[-1]
+    Engine(tiny_model("tiny-qwen2", vocab_size=256), QuantConfig("fp8_e4m3", activations=True, lm_head=True),
+           max_len=32)  # fmt: skip
+    assert seen[-1]["vocab_size"] == 256
+    Engine(tiny_model("tiny-qwen2"), QuantConfig("fp8_e4m3", activations=True, keep=("*mlp*",)), max_len=32)
+    assert "intermediate_size" not in seen[-1] and "kv_heads * head_dim" in seen[-1]
