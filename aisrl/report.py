@@ -4,13 +4,15 @@ three AIS diagnostics, KL and ESS over steps)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from aisrl.checkpoint import atomic_write_text, read_jsonl
 
 
 def _mean(xs):
-    xs = [x for x in xs if x is not None]
+    """The mean of the finite values (None, NaN and inf left out, as in aisrl.compare); None if there are none."""
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
     return sum(xs) / len(xs) if xs else None
 
 

@@ -73,3 +73,34 @@ def test_staged_results_replace_the_published_file_only_when_the_run_completes(t
         save({"rows": [1]})
         save({"rows": [1, 2]})
     assert json.loads(out.read_text()) == {"rows": [1, 2]} and not (tmp_path / "r.json.partial").exists()
+
+
+def test_results_json_stays_strict_json_and_a_staged_run_publishes_only_what_it_saved(tmp_path):
+    import json
+    import math
+
+    from aisrl.bench.report import staged_json, update_section, write_json
+
+    path = tmp_path / "r.json"
+    write_json(path, {"cos": math.nan, "r": [1.0, math.inf], "n": 3})  # before: bare NaN / Infinity
+    assert json.loads(path.read_text(), parse_constant=lambda c: 1 / 0) == {"cos": None, "r": [1.0, None], "n": 3}
+    write_json(path, {"v": "published"})
+    (tmp_path / "r.json.partial").write_text('{"v": "an interrupted run"}')
+    with staged_json(path):
+        pass  # saved nothing: before, the stale .partial was published
+    assert json.loads(path.read_text()) == {"v": "published"}
+    with staged_json(path) as save:
+        save({"v": "new"})
+    assert json.loads(path.read_text()) == {"v": "new"}
+    with pytest.raises(ValueError, match="holds a section marker"):
+        update_section(tmp_path / "B.md", "a", "text that quotes <!-- END a --> inline")
+
+
+def test_a_run_summary_leaves_a_non_finite_row_out_of_its_means():
+    import math
+
+    from aisrl.report import summarize
+
+    rows = [{"step": s, "reward": 0.5, "accuracy": 0.5, "k3_kl": math.nan if s == 3 else 0.1, "alpha": 0.9}
+            for s in range(1, 11)]  # fmt: skip
+    assert summarize(rows)["mean_k3_kl"] == pytest.approx(0.1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import re
@@ -46,8 +47,20 @@ def machine() -> dict:
 
 
 def write_json(path: str | Path, data: dict) -> None:
-    """Atomic JSON write (temp file + rename)."""
-    atomic_write_text(path, json.dumps(data, indent=1))
+    """Atomic JSON write (temp file + rename); a NaN or an infinity is written as null (bare NaN is not JSON, and
+    strict readers refuse the whole file)."""
+    atomic_write_text(path, json.dumps(_finite_or_null(data), indent=1, allow_nan=False))
+
+
+def _finite_or_null(x):
+    """`x` with every non-finite float, however deep in dicts, lists and tuples, replaced by None."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite_or_null(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite_or_null(v) for v in x]
+    return x
 
 
 @contextmanager
@@ -55,9 +68,16 @@ def staged_json(path: str | Path) -> Iterator[Callable[[dict], None]]:
     """A save(data) function for a run's results as they grow: each save goes to PATH.partial, which is renamed over
     `path` only when the block ends without an error, so a failed or interrupted run leaves the published file as it
     was (and its progress in PATH.partial)."""
-    partial = Path(f"{path}.partial")
-    yield lambda data: write_json(partial, data)
-    os.replace(partial, path)
+    partial, saved = Path(f"{path}.partial"), []
+    partial.unlink(missing_ok=True)  # an earlier, interrupted run's progress is not this run's
+
+    def save(data: dict) -> None:
+        write_json(partial, data)
+        saved.append(True)
+
+    yield save
+    if saved:  # a run that saved nothing leaves the published file as it was
+        os.replace(partial, path)
 
 
 def machine_line(m: dict | None = None) -> str:
@@ -93,6 +113,9 @@ def update_section(path: str | Path, name: str, body: str) -> None:
     changed and replaced under a lock, so that benchmarks finishing together keep each other's sections."""
     path = Path(path)
     begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
+    if "<!-- BEGIN " in body or "<!-- END " in body:  # a marker inside would unpair this section, or another's
+        raise ValueError(f"the body of section {name!r} holds a section marker (<!-- BEGIN/END ... -->); quote it "
+                         "differently")  # fmt: skip
     with _locked(path):
         text = path.read_text() if path.exists() else "# Benchmarks\n"
         if text.count(begin) > 1 or text.count(begin) != text.count(end) or text.find(end) < text.find(begin):
