@@ -30,7 +30,7 @@ from pathlib import Path
 
 from aisrl.bench.cli import command, options
 from aisrl.bench.report import write_json
-from aisrl.compare import per_step, run_rows, summarize_run
+from aisrl.compare import _finite, per_step, run_rows, summarize_run
 from aisrl.update import MismatchGuard
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +63,7 @@ def first_drift(k3: list[float], ratio: float, anchor: int, window: int) -> int 
 
 def _median(xs: list[float]) -> float:
     """The median of the finite values (a step without a measured k3 is left out; NaN if none is finite)."""
-    finite = [x for x in xs if math.isfinite(x)]
+    finite = _finite(xs)
     return statistics.median(finite) if finite else math.nan
 
 

@@ -29,7 +29,7 @@ import torch
 
 from aisrl.bench.cli import command, options
 from aisrl.bench.report import update_section, write_json
-from aisrl.compare import per_step, run_rows
+from aisrl.compare import _finite, per_step, run_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paired_seeds import METRICS, check_starts, collect  # noqa: E402  (a sibling script, not a package)
@@ -80,7 +80,7 @@ def k3_fifths(run: Path, steps: int) -> tuple[float, float]:
 
 
 def _fmean(xs: list) -> float:
-    finite = [x for x in xs if x is not None and math.isfinite(x)]
+    finite = _finite(xs)
     return statistics.fmean(finite) if finite else math.nan
 
 
