@@ -153,7 +153,7 @@ def publish(cfg: CompareConfig, result: dict, root: str | Path = ".") -> None:
     """benchmarks/results/<name>.{json,png} and the `<name>` section of BENCHMARKS.md: `cfg.section` if set, else
     `compare` for the lab preset and `compare_<preset>` for any other (so studies of different presets keep their
     own tables)."""
-    from aisrl.bench.report import update_section, write_json
+    from aisrl.bench.report import machine_line, update_section, write_json
 
     root = Path(root)
     from aisrl.train_config import load_config
@@ -167,8 +167,8 @@ def publish(cfg: CompareConfig, result: dict, root: str | Path = ".") -> None:
     argv = [a for a in sys.argv[1:] if not a.startswith(("jobs=", "publish="))]  # how it ran, not how it was shown
     args = " ".join(shlex.quote(a) for a in argv) if argv[:1] == ["compare"] else ""
     command = f"aisrl {args}" if args else f"aisrl compare {cfg.preset} (see benchmarks/results/{name}.json)"
-    body = (f"Command: `{command}`  \nMachine: {result['machine']['processor']}, {result['machine']['cpus']} CPUs, "
-            f"torch {result['machine']['torch']}; {result['max_steps']} steps per run. Cells are mean ± standard "
+    body = (f"Command: `{command}`  \nMachine: {machine_line(result['machine'])}; "
+            f"{result['max_steps']} steps per run. Cells are mean ± standard "
             f"deviation over seeds; a collapse is a run whose last-fifth training accuracy is below "
             f"{cfg.collapse_fraction:g} of its best 10-step mean; a fall, a run whose final held-out greedy "
             f"accuracy is {100 * cfg.fall:g} points or more below its best evaluation.\n\n{table(result)}\n\n"

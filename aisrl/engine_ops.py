@@ -186,7 +186,8 @@ def counter_uniform(seeds: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """(B,) int64 seeds and a step counter -> (B,) FP32 uniforms in (0, 1), identical on every device."""
     step = _mix32((t + 0x9E3779B9) & _M32)  # offset: _mix32 maps 0 to 0, which made seed 0's first uniform 3e-8
     h = _mix32((seeds & _M32) ^ _mix32(((seeds >> 32) & _M32) ^ step))
-    return ((h >> 8).float() + 0.5) / 2.0**24
+    # the top bucket's centre, 1 - 2^-25, is not an FP32 number and rounds to 1.0: keep it below 1 like the rest
+    return (((h >> 8).float() + 0.5) / 2.0**24).clamp(max=1 - 2.0**-24)
 
 
 def prefill_attention(q, k, v, valid, sm_scale):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from aisrl.bench.report import machine, step_timer, update_section, write_json
+from aisrl.bench.report import machine, machine_line, step_timer, update_section, write_json
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,8 +76,8 @@ def main(steps: int = 5):
              "aisrl-ais": "AISGRPOTrainer, ais, FP32 copy",
              "aisrl-ais-fp8": "AISGRPOTrainer, ais, FP8 W8A8 copy"}  # fmt: skip
     lines += [f"| {names[v]} | {s:.3f} | {s / res['trl']:.2f}x |" for v, s in res.items()]
-    body = (f"Command: `python benchmarks/trl_overhead.py {steps}`  \nMachine: {m['processor']}, {m['cpus']} CPUs, "
-            f"{m['torch_threads']} torch threads, torch {m['torch']}. Workload: {data['workload']}; median of "
+    body = (f"Command: `python benchmarks/trl_overhead.py {steps}`  \nMachine: {machine_line(m)}, "
+            f"{m['torch_threads']} torch threads. Workload: {data['workload']}; median of "
             f"{steps} steps after a warm-up step.\n\n" + "\n".join(lines))  # fmt: skip
     update_section(ROOT / "BENCHMARKS.md", "trl_overhead", body)
 

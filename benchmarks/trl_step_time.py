@@ -23,7 +23,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from aisrl.bench.report import machine, step_timer, update_section, write_json
+from aisrl.bench.report import machine, machine_line, step_timer, update_section, write_json
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,8 +109,8 @@ def main(steps: int = 2):
         split = " | ".join(f"{r[k]:.1f}" if k in r else "-" for k in ("rollout", "logprob", "train"))
         lens = ", ".join(f"{x:.1f}" for x in r["completion_len"])
         lines.append(f"| {name} | {r['step']:.1f} | {r['step'] / base:.2f}x | {split} | {lens} |")
-    body = (f"Command: `python benchmarks/trl_step_time.py {steps}`  \nMachine: {m['processor']}, {m['cpus']} CPUs, "
-            f"torch {m['torch']}. SmolLM2-135M-Instruct FP32, 8 prompts x 8 completions, <= 96 new tokens, "
+    body = (f"Command: `python benchmarks/trl_step_time.py {steps}`  \nMachine: {machine_line(m)}. "
+            f"SmolLM2-135M-Instruct FP32, 8 prompts x 8 completions, <= 96 new tokens, "
             f"micro-batch 16; mean of {steps} optimizer steps per trainer.\n\n" + "\n".join(lines))  # fmt: skip
     update_section(ROOT / "BENCHMARKS.md", "trl_step_time", body)
 
