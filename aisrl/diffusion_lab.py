@@ -20,6 +20,7 @@ from torch.nn import functional as F
 
 from aisrl.diffusion import DiffusionParams, tiny_diffusion_model
 from aisrl.lab import (
+    HELD_OUT,
     CharTokenizer,
     LabConfig,
     _cache_dir,
@@ -59,7 +60,7 @@ def diffusion_lab_model(cfg: LabConfig, params: DiffusionParams, verbose: bool =
     cache = _cache_dir(_Key(**key), kind="diffusion_lab")
     task = lab_task(cfg)
     train = task.problems("train", cfg.sft_examples, seed=cfg.seed)
-    held = task.problems("test", 80, seed=cfg.seed + 1)
+    held = task.problems("test", HELD_OUT, seed=cfg.seed + 1)
     need = max(len(encode_prompt(tok, p)) for p in train + held) + params.gen_length  # prompt and completion
     max_len = 128 if need <= 128 else 128 * 2 ** math.ceil(math.log2((need + 32) / 128))  # 128: every earlier lab
     model = tiny_diffusion_model(len(tok) + 1, mask_id_of(tok), hidden=cfg.hidden, layers=cfg.layers,

@@ -96,6 +96,10 @@ class LabConfig:
     """Seed of data, init and training."""
 
 
+HELD_OUT = 80
+"""Held-out problems the warm start's accuracy is measured on (seed lab.seed + 1)."""
+
+
 def check_lab(cfg: LabConfig) -> None:
     """Raise ValueError, naming the lab.* key, for a lab the warm start could not build."""
     from aisrl.tasks import TASKS
@@ -113,6 +117,20 @@ def check_lab(cfg: LabConfig) -> None:
         raise ValueError(f"lab.sudoku_holes is the number of blanks of a 4x4 grid, in [0, 16]; got {cfg.sudoku_holes}")
     if cfg.target is not None and not 0 <= cfg.target[0] < cfg.target[1] <= 1:
         raise ValueError(f"lab.target is an accuracy band [low, high], 0 <= low < high <= 1; got {list(cfg.target)}")
+    try:
+        task = lab_task(cfg)
+    except ValueError as e:
+        raise ValueError(f"lab.task={cfg.task!r} refuses these lab.* options: {e}") from e
+    wanted = (("train", cfg.sft_examples, cfg.seed, f"lab.sft_examples={cfg.sft_examples}"),
+              ("test", HELD_OUT, cfg.seed + 1, f"the warm start's {HELD_OUT} held-out"))  # fmt: skip
+    for split, n, seed, what in wanted:
+        try:
+            task.problems(split, n, seed=seed)
+        except ValueError:
+            fewer = "ask for fewer (lab.sft_examples) or " if split == "train" else ""
+            raise ValueError(f"lab.task={cfg.task!r} has too few distinct {split} problems under these lab.* "
+                             f"options for {what} problems: {fewer}widen the task (a larger lab.max_operand, more "
+                             "lab.ops, more lab.sudoku_holes)") from None  # fmt: skip
 
 
 def lab_task(cfg: LabConfig, lenient: bool = False):
@@ -125,7 +143,10 @@ def lab_task(cfg: LabConfig, lenient: bool = False):
 
 
 def _cache_dir(cfg, kind: str = "lab") -> Path:
-    key = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode()).hexdigest()[:12]
+    fields = asdict(cfg)
+    if fields.get("lab", fields).get("task") == "sudoku4":  # its problems changed (split by grid): a new warm start
+        fields["sudoku4_split"] = "grid"
+    key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
     root = Path(os.environ.get("AISRL_CACHE", Path.home() / ".cache" / "aisrl"))
     return root / kind / key
 
@@ -156,7 +177,7 @@ def lab_model(cfg: LabConfig | None = None, verbose: bool = True):
     model = tiny_model("tiny-llama", seed=cfg.seed, vocab_size=len(tok), hidden=cfg.hidden, layers=cfg.layers,
                        pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
     train = task.problems("train", cfg.sft_examples, seed=cfg.seed)
-    held = task.problems("test", 80, seed=cfg.seed + 1)
+    held = task.problems("test", HELD_OUT, seed=cfg.seed + 1)
     seqs = [([tok.bos_token_id] + tok.encode(prompt_text(p)), tok.encode(completion_text(p)) + [tok.eos_token_id])
             for p in train]  # fmt: skip
     train_steps = sft_trainer(cfg, model, seqs, lambda batch, gen: _sft_loss(model, batch, tok.pad_token_id))

@@ -63,12 +63,13 @@ def align_(model: nn.Module, cfg: QuantConfig) -> nn.Module:
     (the layers `quantize_` would quantise: all but the output head unless cfg.lm_head, and those cfg.keep
     leaves in full precision). In place; aligning again replaces the earlier format everywhere (a layer the new
     `cfg` leaves out is plain again)."""
+    targets = quant_targets(model, cfg)  # first: a cfg it refuses leaves the model as it was
     for mod in model.modules():
         if isinstance(mod, AlignedLinear):
             mod.__class__ = nn.Linear
             del mod.qcfg
             mod.__dict__.pop("aligned", None)
-    for _, mod in quant_targets(model, cfg):
+    for _, mod in targets:
         mod.__class__ = AlignedLinear
         mod.qcfg = cfg
     return model
@@ -122,7 +123,7 @@ def _runs_at_least(x: torch.Tensor, k: int, extend_back: int = 0) -> torch.Tenso
     """Positions inside runs of >= k consecutive True values along the last dim (plus `extend_back`
     positions before each run: the first period of a loop is part of it). Vectorised."""
     t = x.shape[-1]
-    idx = torch.arange(t).expand_as(x)
+    idx = torch.arange(t, device=x.device).expand_as(x)
     last_off = torch.where(~x, idx, -1).cummax(-1).values  # (N, T) latest False at or before j
     ahead = torch.where(~x, idx, t).flip(-1).cummin(-1).values.flip(-1)  # (N, T) first False at or after j
     run_len = ahead - last_off - 1  # (N, T) length of the True run through j (meaningful where x)

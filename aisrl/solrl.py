@@ -23,6 +23,8 @@ def select_extremes(rewards: torch.Tensor, pool: int, keep: int) -> torch.Tensor
     highest rewards of each prompt's pool, in prompt order (a stable sort: among equal rewards the low end takes
     earlier candidates, the high end later ones). A NaN or infinite reward (a candidate that could not be scored; the
     advantages give it 0) is taken only when fewer than `keep` candidates of its pool were scored."""
+    if pool < 2:
+        raise ValueError(f"pool is the candidates sampled per prompt, at least 2 (keep >= 2 of them); got {pool}")
     if rewards.dim() != 1 or rewards.numel() % pool:
         raise ValueError(f"rewards must be (B * pool,) with pool={pool}; got shape {tuple(rewards.shape)}")
     if not 2 <= keep <= pool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import hashlib
 import inspect
 import json
@@ -83,6 +84,10 @@ class Task:
         """What decides a problem's split and its distinctness: its text, unless several texts state one problem."""
         return problem.question
 
+    def distinct_key(self, problem: Problem) -> str:
+        """What makes two problems of one split different (split_key, unless a task splits coarser than that)."""
+        return self.split_key(problem)
+
     def check(self, answer: str, problem: Problem) -> bool:
         raise NotImplementedError
 
@@ -91,10 +96,12 @@ class Task:
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         rng, out, seen = random.Random(seed), [], set()
+        if n <= 0:
+            return out
         for _ in range(200 * n + 1000):
             p = self.generate(rng)
-            key = self.split_key(p)
-            if key in seen or _split_of(key) != split:
+            key = self.distinct_key(p)
+            if key in seen or _split_of(self.split_key(p)) != split:
                 continue
             seen.add(key)
             out.append(p)
@@ -124,8 +131,12 @@ _WORDED_NUMBER = re.compile(rf"(?:[A-Za-z ,.:;'%$]*[ ,.:;'%$])?({_NUMBER})(?:[ ,
 
 
 def _int_or_none(s: str) -> int | None:
+    """The integer `s` writes (thousands commas allowed), or None: also past 1400 characters, which no
+    task's answer has and which Python refuses to convert (a looping completion must not stop the run)."""
     s = s.strip()
-    return int(s.replace(",", "")) if re.fullmatch(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)", s) else None
+    if not re.fullmatch(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)", s) or len(s) > 1400:
+        return None
+    return int(s.replace(",", ""))
 
 
 class Arithmetic(Task):
@@ -207,14 +218,16 @@ def _safe_eval(expr: str) -> tuple[float, list[int]] | None:
 
 
 class Countdown(Task):
-    """Reach the target with each given number used at most once, using + - * / (d1's Countdown)."""
+    """Reach the target with each given number used at most once, using + - * / (after d1's Countdown, which asks
+    for every number exactly once: here a shorter expression that reaches the target also counts)."""
 
     name = "countdown"
 
     def __init__(self, n_numbers: int = 3, max_number: int = 20):
-        if n_numbers < 2 or max_number < 1:
+        if n_numbers < 2 or not 1 <= max_number <= 10_000:
             raise ValueError(f"countdown needs n_numbers >= 2 (the puzzle combines two or three of them) and "
-                             f"max_number >= 1; got n_numbers={n_numbers}, max_number={max_number}")  # fmt: skip
+                             f"max_number in [1, 10000] (its products stay numbers a model can write); got "
+                             f"n_numbers={n_numbers}, max_number={max_number}")  # fmt: skip
         self.n, self.max_number = n_numbers, max_number
 
     def generate(self, rng):
@@ -243,7 +256,12 @@ class Countdown(Task):
 
 
 class Sudoku4(Task):
-    """4x4 Sudoku: fill the 0s of a 16-digit grid; the answer is the 16 digits row by row."""
+    """4x4 Sudoku: fill the 0s of a 16-digit grid; the answer is the 16 digits row by row.
+
+    A puzzle is one of the 288 valid grids, drawn uniformly, with `holes` cells blanked. The splits are made by
+    grid, not by puzzle: a test puzzle's solution is never a training answer, so held-out accuracy measures
+    solving, not recall of a memorised grid. (Before v2 of the diffusion lab's warm start, puzzles came from 96
+    grids and were split by puzzle text, and every test solution was also a training answer.)"""
 
     name = "sudoku4"
 
@@ -253,20 +271,17 @@ class Sudoku4(Task):
         self.holes = holes
 
     def generate(self, rng):
-        base = [[(r * 2 + r // 2 + c) % 4 + 1 for c in range(4)] for r in range(4)]  # a valid grid
-        digits = rng.sample([1, 2, 3, 4], 4)
-        grid = [[digits[v - 1] for v in row] for row in base]
-        for band in (0, 2):  # swapping two rows, or two columns, inside a band keeps the grid valid
-            if rng.random() < 0.5:
-                grid[band], grid[band + 1] = grid[band + 1], grid[band]
-            if rng.random() < 0.5:
-                for row in grid:
-                    row[band], row[band + 1] = row[band + 1], row[band]
-        sol = "".join(str(v) for row in grid for v in row)
+        sol = rng.choice(_sudoku4_grids())
         puzzle = list(sol)
         for i in rng.sample(range(16), self.holes):
             puzzle[i] = "0"
         return Problem("".join(puzzle), sol, sol, {})
+
+    def split_key(self, problem):  # the solution grid: no test grid is ever seen in training
+        return problem.answer
+
+    def distinct_key(self, problem):  # many puzzles share a grid
+        return problem.question
 
     @staticmethod
     def valid(grid: str) -> bool:
@@ -280,6 +295,24 @@ class Sudoku4(Task):
     def check(self, answer, problem):
         a = re.sub(r"\s", "", answer)
         return self.valid(a) and all(p in ("0", x) for p, x in zip(problem.question, a, strict=False))
+
+
+@functools.cache
+def _sudoku4_grids() -> tuple[str, ...]:
+    """Every valid 4x4 Sudoku grid (there are 288), as 16-digit strings in lexicographic order."""
+    unit = lambda i, j: i // 4 == j // 4 or i % 4 == j % 4 or (i // 8, i % 4 // 2) == (j // 8, j % 4 // 2)  # noqa: E731
+    grids: list[str] = []
+
+    def fill(cells: str) -> None:  # row by row, a digit where no earlier cell of its row, column or box has it
+        if len(cells) == 16:
+            grids.append(cells)
+            return
+        for d in "1234":
+            if all(cells[j] != d or not unit(len(cells), j) for j in range(len(cells))):
+                fill(cells + d)
+
+    fill("")
+    return tuple(grids)
 
 
 def read_rows(path: str) -> list[dict]:
@@ -433,6 +466,8 @@ class ReasoningGym(Task):
     def problems(self, split, n, seed=0):
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        if n <= 0:
+            return []
         data, out, seen = self._dataset(seed=seed, size=200 * n + 1000), [], set()
         for i in range(len(data)):  # entry i is generated from (seed, i): the same problems on every call
             entry = data[i]
@@ -481,7 +516,10 @@ def _score_in_child(score, answer: str, entry: dict, timeout: float = 5.0) -> fl
     child = ctx.Process(target=run, daemon=True)
     child.start()
     send.close()
-    value = recv.recv() if recv.poll(timeout) else 0.0
+    try:
+        value = recv.recv() if recv.poll(timeout) else 0.0
+    except EOFError:  # the child died without an answer (it exited, or was killed for memory): no credit
+        value = 0.0
     child.kill()
     child.join()
     return value

@@ -97,6 +97,9 @@ def test_error_tokens_flag_loops_and_ratio_runs_only():
     # padding is never flagged, even when it repeats
     pad = torch.zeros(1, t, dtype=torch.long)
     assert not error_tokens(pad, torch.zeros(1, t, dtype=torch.bool)).any()
+    # on the device of its inputs (the meta device: no data, shapes and devices only)
+    meta = error_tokens(ids.to("meta"), mask.to("meta"), log_ratio.to("meta"), min_loop=12, min_run=4)
+    assert meta.device.type == "meta" and meta.shape == (3, t)
 
 
 def test_the_kl_reference_of_an_aligned_run_is_aligned_too(tmp_path, monkeypatch):
@@ -135,6 +138,9 @@ def test_aligning_again_takes_the_new_format():
     model = align_(nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 4)), quant_config("fp8_e4m3_w8a8"))
     align_(model, quant_config("mxfp4_w4a4"))  # before: the aligned layer kept FP8
     assert model[0].qcfg.format == quant_config("mxfp4_w4a4").format != quant_config("fp8_e4m3_w8a8").format
+    with pytest.raises(ValueError, match="keep pattern 'typo\\*' matches none"):
+        align_(model, quant_config("nvfp4", keep=("typo*",)))
+    assert type(model[0]) is AlignedLinear and model[0].qcfg.format == "mxfp4"  # a refused cfg leaves it as it was
 
 
 def test_aligning_again_replaces_the_earlier_format_everywhere():

@@ -28,6 +28,8 @@ def test_select_extremes_keeps_bottom_and_top_per_prompt():
         select_extremes(rewards, pool=6, keep=7)
     with pytest.raises(ValueError, match="pool=5"):
         select_extremes(rewards, pool=5, keep=2)
+    with pytest.raises(ValueError, match=r"pool is the candidates sampled per prompt, at least 2 .*; got 0"):
+        select_extremes(rewards, pool=0, keep=2)  # before: ZeroDivisionError
 
 
 def test_trainer_with_solrl_pool_and_qarl_tbpo_runs(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@
 import dataclasses
 import importlib.util
 import json
+import os
 import re
 import sys
 
@@ -180,7 +181,8 @@ def test_task_options_are_checked_against_the_task():
     from aisrl.tasks import check_task
 
     for name, opts, message in [("countdown", {"n_numbers": 1}, "n_numbers >= 2"),
-                                ("countdown", {"max_number": 0}, "max_number >= 1"),
+                                ("countdown", {"max_number": 0}, r"max_number in \[1, 10000\]"),
+                                ("countdown", {"max_number": 10**10}, r"max_number in \[1, 10000\]"),
                                 ("sudoku4", {"holes": 17}, r"holes .* in \[0, 16\]; got 17"),
                                 ("arithmetic", {"max_operand": -5}, "max_operand .* >= 0; got -5")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
@@ -269,6 +271,7 @@ def test_reasoning_gym_answers_never_reach_a_scorer_as_code_or_as_an_endless_pow
     assert time.perf_counter() - t0 < 5
     assert _score_in_child(lambda a, e: 1.0, "2**3", {}) == 1.0
     assert _score_in_child(lambda a, e: 1 / 0, "2**3", {}) == 0.0
+    assert _score_in_child(lambda a, e: os._exit(3), "2**3", {}) == 0.0  # died without an answer (was EOFError)
 
 
 def test_text_outside_the_blocks_gets_no_format_points():
@@ -299,3 +302,29 @@ def test_a_numeric_answer_among_plain_words_is_that_number():
                                 ("123", "1,2,3", False), ("1234", "1,234", True), ("5", ".5", False),
                                 ("50", "$.50", False), ("0.5", ".5", symbolic)]:  # fmt: skip
         assert task.check(answer, Problem("q", gold)) is right, (gold, answer)
+
+
+def test_sudoku4_draws_every_grid_and_splits_by_grid():
+    from aisrl.tasks import _sudoku4_grids
+
+    grids = _sudoku4_grids()
+    assert len(grids) == len(set(grids)) == 288 and all(Sudoku4.valid(g) for g in grids)  # 4x4 Sudoku has 288
+    t = Sudoku4(holes=10)
+    train, test = t.problems("train", 3000, seed=0), t.problems("test", 80, seed=1)
+    assert len({p.question for p in train}) == 3000  # many puzzles per grid, each puzzle once
+    # a held-out solution is never a training answer (before: puzzles of one grid landed in both splits)
+    assert not {p.answer for p in train} & {p.answer for p in test}
+    assert len({p.answer for p in train} | {p.answer for p in test}) > 200  # before: 96 grids reachable
+
+
+def test_long_digit_strings_are_wrong_answers_not_errors():
+    a = make_task("arithmetic", lenient=True)
+    p = Problem("1+1", "2")
+    assert a.reward("1" * 5000, p) == (0.0, False)  # Python refuses int() past 4300 digits: was a ValueError
+    assert a.reward(wrap("1" * 5000), p) == (0.5, False)
+    assert a.reward(wrap("2"), p) == (1.5, True)
+
+
+def test_asking_for_no_problems_gives_none():
+    for name in ("arithmetic", "countdown", "sudoku4"):
+        assert make_task(name).problems("train", 0) == []
