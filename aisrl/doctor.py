@@ -12,7 +12,10 @@ log-ratios per format.
 With `--preset` the doctor examines exactly what that training preset would roll out: its model (the lab
 models included, causal or masked-diffusion), its task's training prompts and its sampling settings. Both
 kinds go through `aisrl.policy` (`sample` with the quantised copy, `score` with the full-precision model), so
-a diffusion model is measured with d1's log-prob estimate, as its trainer sees it.
+a diffusion model is measured with d1's log-prob estimate, as its trainer sees it, and the full-precision side
+scores at the preset's training precision. (The rollout side is always a fake-quantised copy sampled through
+`aisrl.rollout`, also for a preset whose rollout.engine is `static`: the same operands, rounded exactly, but
+not the engine's FP8 GEMMs and KV cache, whose accumulation differs a little.)
 
 Mixed precision: `keep=[pattern,...]` leaves the linear layers it names in full precision in every format (what
 training's rollout.keep does), and `per_layer=true` ranks the quantised layers by how much of the mismatch each
@@ -38,6 +41,7 @@ from pathlib import Path
 import torch
 
 from aisrl.correction import correct
+from aisrl.models import prompt_ids
 from aisrl.policy import CausalPolicy
 from aisrl.quant import FakeQuantLinear, kept_fraction, quant_config, quant_targets, quantize_, sync_weights
 from aisrl.rollout import SamplingParams
@@ -98,15 +102,13 @@ def _prompt_ids(cfg: DoctorConfig, tok) -> list[list[int]]:
     questions = TASKS[cfg.task](cfg.prompts, cfg.seed)
     if tok is None:  # tiny models have no tokenizer: bytes of the text, folded into a small vocabulary
         return [[1] + [3 + b % 200 for b in q.encode()][:24] for q in questions]
-    if getattr(tok, "chat_template", None):
-        ids = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True) for q in questions]
-        return [list(x if isinstance(x[0], int) else x["input_ids"]) for x in ids]
-    return [tok(q).input_ids for q in questions]
+    return [prompt_ids(tok, q) for q in questions]
 
 
 def _subject(cfg: DoctorConfig, model, tok, checkpoint: tuple[str, Path] | None = None):
-    """(model, prompts, policy) under examination: a training preset's, a run's at `checkpoint` (_run_checkpoint's
-    settings and weights, for `start`), or a model with the doctor's prompts."""
+    """(model, prompts, policy, precision) under examination: a training preset's, a run's at `checkpoint`
+    (_run_checkpoint's settings and weights, for `start`), or a model with the doctor's prompts; `precision` is the
+    trainer's (a preset's `precision`, fp32 without one), at which the full-precision side scores."""
     if cfg.preset or checkpoint is not None:
         from aisrl.train_config import load_config
         from aisrl.trainer import build, build_trained, make_policy
@@ -115,7 +117,7 @@ def _subject(cfg: DoctorConfig, model, tok, checkpoint: tuple[str, Path] | None 
         tcfg = load_config(base)
         model, tok, task, encode = build(tcfg) if weights is None else build_trained(tcfg, weights)
         prompts = [encode(p) for p in task.problems("train", cfg.prompts, seed=cfg.seed)]
-        return model, prompts, make_policy(tcfg, tok, model)
+        return model, prompts, make_policy(tcfg, tok, model), tcfg.precision
     if model is None:
         from aisrl.models import load_model
 
@@ -124,7 +126,7 @@ def _subject(cfg: DoctorConfig, model, tok, checkpoint: tuple[str, Path] | None 
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
     pad = tok.pad_token_id if tok is not None else model.config.pad_token_id
     eos = tok.eos_token_id if tok is not None else model.config.eos_token_id
-    return model, prompts, CausalPolicy(params, 0 if pad is None else pad, eos, tokenizer=tok)
+    return model, prompts, CausalPolicy(params, 0 if pad is None else pad, eos, tokenizer=tok), "fp32"
 
 
 def _run_checkpoint(cfg: DoctorConfig) -> tuple[str, Path]:
@@ -164,7 +166,9 @@ def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:
             raise ValueError(f"with a preset or start, {given} come from {what}; drop them, or diagnose the model "
                              "without preset and start")  # fmt: skip
     checkpoint = _run_checkpoint(cfg) if cfg.start else None  # a bad RUN:STEP fails before the model is built
-    model, prompts, policy = _subject(cfg, model, tok, checkpoint)
+    from aisrl.trainer import _score_at
+
+    model, prompts, policy, precision = _subject(cfg, model, tok, checkpoint)
     model.eval()
     seeds = [cfg.seed * 100_003 + i for i in range(len(prompts))]
     out = {}
@@ -176,7 +180,7 @@ def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:
         r = policy.sample(rollout, prompts, seeds, step=0, kv_fp8=qcfg.kv_cache)
         gen_s = time.perf_counter() - t0
         with torch.no_grad():
-            old = policy.score(model, r, 0)
+            old = _score_at(policy, model, r, 0, precision)  # as the trainer scores (bf16 autocast if it trains so)
         m = correct("none", old, r.rollout_logp, r.completion_mask).metrics
         out[name] = {k: m[k].item() for k in REPORTED}
         out[name].update(tokens=int(r.completion_mask.sum()), sync_seconds=sync_s, generate_seconds=gen_s,

@@ -11,6 +11,7 @@ the weights into a fresh model built from the same config (`from_config` + `load
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -122,6 +123,16 @@ def save_model(model, path: str | Path, tokenizer=None) -> None:
     clean.save_pretrained(path)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
+
+
+def prompt_ids(tok, text: str) -> list[int]:
+    """A prompt's ids: `text` as one user turn of the tokenizer's chat template, or plain text when it has none.
+    (apply_chat_template returns a list of ids or, in newer transformers, a BatchEncoding; a slow tokenizer's
+    BatchEncoding cannot be indexed by position, so it is read by key.)"""
+    if not getattr(tok, "chat_template", None):
+        return list(tok(text).input_ids)
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
 
 
 def word_tokenizer(n_words: int):

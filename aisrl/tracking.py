@@ -4,6 +4,11 @@ Rows arrive as dicts of floats and detached scalar tensors; this is the one plac
 (`.item()`) and get written. TensorBoard event files are written when the `tensorboard` package is installed;
 the rich progress bar is used when stdout is a terminal and `rich` is installed, otherwise one plain line
 per step is printed (CI logs stay readable).
+
+metrics.jsonl is written as Python's json module writes it: a metric that is not finite is the bare token NaN
+or Infinity, which Python, pandas and aisrl's readers take, and a metric that does not apply is null (`alpha`
+of a run without AIS). Strict readers (jq) need NaN mapped first; the published results files
+(aisrl.bench.report.write_json) hold no such token.
 """
 
 from __future__ import annotations
@@ -69,7 +74,10 @@ class Tracker:
         return row
 
     def close(self) -> None:
+        """Flush and close TensorBoard and stop the progress bar; closing again does nothing."""
         if self.tb is not None:
             self.tb.close()
+            self.tb = None
         if self.bar is not None:
             self.bar.stop()
+            self.bar = None

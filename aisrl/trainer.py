@@ -111,16 +111,10 @@ def _file_or_named_task(cfg: TrainConfig):
 def _chat_encoder(tok):
     """Problem -> prompt ids: the question and the answer-format instruction as one user turn of the chat template
     (plain text when the tokenizer has no template)."""
+    from aisrl.models import prompt_ids
     from aisrl.tasks import INSTRUCTION
 
-    def encode(p):
-        text = f"{p.question}\n{INSTRUCTION}"
-        if not getattr(tok, "chat_template", None):
-            return list(tok(text).input_ids)
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-        return list(ids if isinstance(ids[0], int) else ids["input_ids"])
-
-    return encode
+    return lambda p: prompt_ids(tok, f"{p.question}\n{INSTRUCTION}")
 
 
 def _mask_id(cfg: TrainConfig, tok, model) -> int:
@@ -188,16 +182,16 @@ def _init_distributed(device: torch.device) -> tuple[int, int]:
 
 def train(cfg: TrainConfig, log=print) -> dict:
     """Run (or resume) GRPO; returns the summary dict. Under torchrun: data parallel over prompts."""
-    locks: list = []  # the run folder's lock (checkpoint.hold_run), released however the run ends
+    opened: list = []  # what the run holds open (the run folder's lock, the metrics tracker), closed however it ends
     try:
-        return _train(cfg, log, locks)
+        return _train(cfg, log, opened)
     finally:
-        for lock in locks:
-            if lock is not None:  # (None: no flock on this platform)
-                lock.close()
+        for thing in reversed(opened):
+            if thing is not None:  # (a None lock: no flock on this platform)
+                thing.close()
 
 
-def _train(cfg: TrainConfig, log, locks: list) -> dict:
+def _train(cfg: TrainConfig, log, opened: list) -> dict:
     validate(cfg)
     device = resolve_device(cfg.device)
     rank, world = _init_distributed(device)
@@ -247,7 +241,7 @@ def _train(cfg: TrainConfig, log, locks: list) -> dict:
     ckpt = latest_checkpoint(out)
     if ckpt is not None:
         if rank == 0:  # one trainer per folder, until train returns
-            locks.append(hold_run(out))
+            opened.append(hold_run(out))
         state = load_checkpoint(ckpt, model, opt, rank)
         start, prev_alpha = state["step"], state["extra"].get("prev_alpha")
         guard_state = _guard_state(cfg, state["extra"], log)
@@ -267,7 +261,7 @@ def _train(cfg: TrainConfig, log, locks: list) -> dict:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ValueError(f"output_dir={out} cannot be created ({e.strerror}); choose another output_dir") from e
-        locks.append(hold_run(out))
+        opened.append(hold_run(out))
         record_start(out, model)  # which weights this run starts from: pairs of runs must share them
     # everything built: this run is under way (a resume with nothing left to train leaves the record as it is)
     record_config(out, dataclasses.asdict(cfg), write=rank == 0 and start < cfg.max_steps, defaults=defaults)
@@ -282,6 +276,7 @@ def _train(cfg: TrainConfig, log, locks: list) -> dict:
     B, G = cfg.prompts_per_step, cfg.group_size
     guard = MismatchGuard(cfg.correction.guard, **guard_state)
     tracker = Tracker(out, cfg.max_steps, start, log) if rank == 0 else None
+    opened.append(tracker)  # a run that fails mid-way still flushes TensorBoard and gives the terminal back
     for step in range(start + 1, cfg.max_steps + 1):
         t, row = {}, {}
         if step == 1:  # the held-out baseline every later evaluation is compared with

@@ -17,7 +17,7 @@ import torch
 
 from aisrl.bench.report import machine, machine_line, update_section, write_json
 from aisrl.engine import Engine
-from aisrl.models import load_model
+from aisrl.models import load_model, prompt_ids
 from aisrl.rollout import SamplingParams, generate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _prompts(tok, n):
     qs = [f"Compute {i + 3} times {2 * i + 5}, then explain your method in detail." for i in range(n)]
-    return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True) for q in qs]
+    return [prompt_ids(tok, q) for q in qs]
 
 
 def _runners(model, tok, engine, prompts):

@@ -61,6 +61,31 @@ def test_preset_diagnoses_the_lab_models_as_their_trainer_scores_them(tmp_path, 
     assert 0 < res["fp8_e4m3_w8a8"]["k3_kl"] < res["mxfp4_w4a4"]["k3_kl"]
 
 
+def test_preset_scores_at_its_training_precision(tmp_path, monkeypatch):
+    """A bf16 preset's trainer scores under bf16 autocast; the doctor did in FP32, and so measured another mismatch."""
+    import torch
+
+    import aisrl.trainer
+
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "bf16.yaml").write_text("model: {name: lab}\nlab: {hidden: 32, layers: 1, sft_steps: 0}\n"
+                                        "rollout: {max_new_tokens: 6}\nprecision: bf16\n")  # fmt: skip
+    seen, score_at = [], aisrl.trainer._score_at
+
+    def spy(policy, model, rows, step, precision="fp32"):
+        seen.append(precision)
+        return score_at(policy, model, rows, step, precision)
+
+    monkeypatch.setattr(aisrl.trainer, "_score_at", spy)
+    bf16 = diagnose(DoctorConfig(preset=str(tmp_path / "bf16.yaml"), formats=["fp8_e4m3_w8a8"], prompts=3))
+    assert seen == ["bf16"]
+    (tmp_path / "fp32.yaml").write_text((tmp_path / "bf16.yaml").read_text().replace("bf16", "fp32"))
+    fp32 = diagnose(DoctorConfig(preset=str(tmp_path / "fp32.yaml"), formats=["fp8_e4m3_w8a8"], prompts=3))
+    assert seen == ["bf16", "fp32"]
+    a, b = torch.tensor(bf16["fp8_e4m3_w8a8"]["log_ratios"]), torch.tensor(fp32["fp8_e4m3_w8a8"]["log_ratios"])
+    assert a.shape == b.shape and not torch.equal(a, b)  # same samples, scored at another precision
+
+
 def test_per_layer_sensitivity_is_the_mismatch_with_each_layer_kept_alone():
     import copy
 
@@ -122,7 +147,7 @@ def test_start_examines_a_runs_checkpoint_with_the_runs_settings(tmp_path, monke
     train(load_config("lab", [*TINY_LAB, "max_steps=2", "checkpoint_every=2", "eval_every=2", "lr=0.01",
                               f"output_dir={run}"]), log=lambda _: None)  # fmt: skip
     cfg = DoctorConfig(start=f"{run}:2", formats=["mxfp4_w4a4"], prompts=4, per_layer=True)
-    model, prompts, _ = _subject(cfg, None, None, _run_checkpoint(cfg))
+    model, prompts, _, _ = _subject(cfg, None, None, _run_checkpoint(cfg))
     saved = load_file(checkpoint_dir(run, 2) / "model.safetensors")
     initial = build(load_config(str(run / "config.json")))[0].state_dict()
     assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())  # the checkpoint's weights

@@ -97,3 +97,19 @@ def test_load_model_gives_a_tiny_model_the_dtype_asked_for():
     model, tok = load_model("tiny-llama", dtype=torch.bfloat16)  # before: FP32 whatever was asked
     assert tok is None and {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in load_model("tiny-llama")[0].parameters()} == {torch.float32}
+
+
+def test_prompt_ids_read_a_chat_template_of_any_tokenizer():
+    """A slow tokenizer's apply_chat_template gives a BatchEncoding that cannot be indexed by position (it raised
+    KeyError in the trainer and the doctor); a fast one's and a tokenizer without a template work as before."""
+    from transformers import CanineTokenizer
+
+    from aisrl.models import prompt_ids, word_tokenizer
+
+    slow = CanineTokenizer()  # character-level, no files to read: code point ids
+    assert not slow.is_fast and prompt_ids(slow, "hi") == slow("hi").input_ids  # no template: plain text
+    slow.chat_template = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+    assert prompt_ids(slow, "hi") == slow("<hi>", add_special_tokens=False).input_ids
+    fast = word_tokenizer(5)
+    fast.chat_template = "{% for m in messages %}w1 {{ m['content'] }} w2{% endfor %}"
+    assert prompt_ids(fast, "w3") == [4, 6, 5]

@@ -713,6 +713,7 @@ def test_a_batch_with_no_scored_token_stays_out_of_the_alpha_ema_and_the_guard_b
 
 
 def test_a_second_trainer_in_a_run_folder_is_refused_while_the_first_holds_it(tmp_path, monkeypatch):
+    import aisrl.tracking
     from aisrl.checkpoint import hold_run
 
     out = tmp_path / "run"
@@ -722,11 +723,14 @@ def test_a_second_trainer_in_a_run_folder_is_refused_while_the_first_holds_it(tm
         train(load_config("lab", [*TINY, "max_steps=1", f"output_dir={out}"]), log=lambda _: None)
     assert list(out.iterdir()) == [out / ".lock"]  # nothing written beside the first trainer's
     first.close()
+    closed, close = [], aisrl.tracking.Tracker.close
     with monkeypatch.context() as m:
         m.setattr("aisrl.trainer._update", lambda *a: 1 / 0)  # a run that fails part-way ...
+        m.setattr("aisrl.tracking.Tracker.close", lambda self: closed.append(self) or close(self))
         with pytest.raises(ZeroDivisionError):
             train(load_config("lab", [*TINY, "max_steps=1", f"output_dir={out}"]), log=lambda _: None)
-    # ... gives the folder back (though the traceback pytest keeps holds the failed run's frame)
+    assert len(closed) == 1  # ... closes its tracker (TensorBoard flushed, the progress bar stopped) ...
+    # ... and gives the folder back (though the traceback pytest keeps holds the failed run's frame)
     train(load_config("lab", [*TINY, "max_steps=1", f"output_dir={out}"]), log=lambda _: None)
     assert len(rows(out)) == 1
 
