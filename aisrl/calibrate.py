@@ -159,8 +159,10 @@ def check_mixable(candidates: list[str], options: Callable[[str], dict]) -> None
     """Raise ValueError unless every candidate reweights every token (the mix rule's condition): a mixture of token
     weights is the same mixture of gradients only where the candidates keep the same tokens, since the loss divides
     by the number kept. options(name): that correction's keyword options. The probe is a batch with log-ratios from
-    -4 to 4, of which a rejecting correction drops some."""
-    old, mask = torch.linspace(-4, 4, 17).reshape(1, -1), torch.ones(1, 17, dtype=torch.bool)
+    -4 to 4 in one sequence, of which a token-rejecting correction drops some, and sequences of log-ratio +3 and -3
+    throughout, which a sequence-rejecting one (seq_mask, geo_mask, k1_reject) drops."""
+    old = torch.stack([torch.linspace(-4, 4, 17), torch.full((17,), 3.0), torch.full((17,), -3.0)])  # (3, 17)
+    mask = torch.ones(3, 17, dtype=torch.bool)
     with local_only():  # a probe of this process's: no collective
         rejecting = [c for c in candidates if not correct(c, old, torch.zeros_like(old), mask, **options(c)).mask.all()]
     if rejecting:
@@ -192,7 +194,8 @@ def end_point_weights(
     Metrics: `calib_dist_<name>` = D_c for every candidate, `calib_ref_norm` = |g_ref|, and for pooled and mix
     `calib_pooled_<name>` = |mean_r d_c(r)|^2 / mean_r |g_ref(r)|^2 over the window, and from two calibrations on
     `calib_noise_<name>`, the part of it that is noise (pooled_noise). The record (what `past` holds)
-    is the first two as floats, and for pooled and mix the differences, "diff": (C, P).
+    is the first two as floats, and for pooled and mix the differences, "diff": (C, P), with the candidates' names
+    in their order, "names" (a branch may reorder or change them: earlier rows are read by name).
     """
     if rule not in RULES:
         raise ValueError(f"unknown calibration rule {rule!r}; choose from {sorted(RULES)}")
@@ -206,10 +209,11 @@ def end_point_weights(
     metrics["calib_ref_norm"] = ref2.sqrt().float()
     record = {k: v.item() for k, v in metrics.items()}
     if rule in POOLING:
-        record["diff"] = torch.stack(diffs)  # (C, P)
-    rounds = [r for r in [*past, record] if measured(r)
-              and all(f"calib_dist_{n}" in r for n in candidates)
-              and (rule not in POOLING or ("diff" in r and r["diff"].shape == record["diff"].shape))]  # fmt: skip
+        record["diff"], record["names"] = torch.stack(diffs), list(candidates)  # (C, P), its rows' names
+    rounds = [r for r in [*past, record] if measured(r) and all(f"calib_dist_{n}" in r for n in candidates)]
+    if rule in POOLING:
+        width = record["diff"].shape[1]
+        rounds = [a for a in (_in_order(r, candidates, width) for r in rounds) if a is not None]
     lam, gram = None, None
     if rounds:
         mean = torch.tensor([sum(r[f"calib_dist_{n}"] for r in rounds) / len(rounds) for n in candidates],
@@ -226,6 +230,16 @@ def end_point_weights(
         total = sum(kept.values())
         return ({n: w / total for n, w in kept.items()} or {candidates[0]: 1.0}), metrics, record
     return {n: lam[i].item() for i, n in enumerate(candidates) if lam[i] > 0}, metrics, record
+
+
+def _in_order(record: dict, candidates: list[str], width: int) -> dict | None:
+    """`record` with its "diff" rows in the order of `candidates`, or None when it has no row for one of them or its
+    gradients have another size. A record without "names" (made before they were stored) is in that order."""
+    names = record.get("names", candidates)
+    diff = record.get("diff")
+    if diff is None or diff.shape[1] != width or diff.shape[0] != len(names) or not set(candidates) <= set(names):
+        return None
+    return record if names == candidates else {**record, "diff": diff[[names.index(n) for n in candidates]]}
 
 
 def combine(results: dict[str, CorrectionResult], weights: dict[str, float]) -> CorrectionResult:

@@ -237,20 +237,14 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
         raise ValueError(f"the task gives {len(pool)} training and {len(held)} held-out problems; need at least "
                          f"prompts_per_step={cfg.prompts_per_step} and one held-out problem")  # fmt: skip
 
-    start, prev_alpha, guard_state, end_point, past = 0, None, {}, {cfg.correction.name: 1.0}, []
+    start, prev_alpha, guard_state, end_point, past = 0, None, {}, {cfg.correction.name: 1.0}, []  # a new run's
     ckpt = latest_checkpoint(out)
     if ckpt is not None:
         if rank == 0:  # one trainer per folder, until train returns
             opened.append(hold_run(out))
         state = load_checkpoint(ckpt, model, opt, rank)
-        start, prev_alpha = state["step"], state["extra"].get("prev_alpha")
-        guard_state = _guard_state(cfg, state["extra"], log)
-        # the last calibration's pick (a name in checkpoints before mixtures); without calibration the configured
-        # correction is the end point, so a branch that names another correction trains with it
-        if cfg.correction.calibrate_every and "end_point" in state["extra"]:
-            picked = state["extra"]["end_point"]
-            end_point = picked if isinstance(picked, dict) else {picked: 1.0}
-        past = [c for c in state["extra"].get("calibrations", []) if measured(c)]  # (older runs kept every one)
+        start = state["step"]
+        prev_alpha, guard_state, end_point, past = _resumed(cfg, state["extra"], log)
         sched.last_epoch = start  # the schedule of this config, not the checkpoint's (a branch may change lr/warmup)
         for group, base, lam in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
             group["initial_lr"], group["lr"] = base, base * lam(start)  # the lr of step start + 1
@@ -403,19 +397,25 @@ def _mismatch_key(cfg: TrainConfig) -> dict:
             "engine": ro.engine}  # fmt: skip
 
 
-def _guard_state(cfg: TrainConfig, extra: dict, log) -> dict:
-    """The mismatch guard's k3 baseline and undo copy from a checkpoint's extra state, or nothing when the
-    checkpoint was measured under other rollout settings (a branch to another format: the old level means
-    nothing there). Checkpoints before `k3_rollout` was stored keep their baseline. The undo copy leaves `extra`, so
-    that it is held once (by the guard) for the run."""
+def _resumed(cfg: TrainConfig, extra: dict, log) -> tuple[float | None, dict, dict[str, float], list[dict]]:
+    """(prev_alpha, guard state, end point, calibration window) from a checkpoint's extra state. All four were
+    measured under the checkpoint's rollout settings; under others (a branch to another format) they mean nothing,
+    and the AIS moving average, the guard's k3 baseline and the calibrations start afresh. Checkpoints before
+    `k3_rollout` was stored count as the same settings. The guard's undo copy leaves `extra`, so that it is held once
+    (by the guard) for the run."""
     undo = extra.pop("guard_undo", None)
-    if cfg.correction.guard <= 0:
-        return {}
+    fresh = {cfg.correction.name: 1.0}  # without calibration the configured correction is the end point
     stored = {"keep": [], "engine": "hf", **extra.get("k3_rollout", _mismatch_key(cfg))}  # (keep, engine: later)
     if stored != _mismatch_key(cfg):
-        log("the checkpoint's rollout settings differ from this run's: the mismatch guard starts a new baseline")
-        return {}
-    return {"history": extra.get("k3", []), "saved": undo}
+        log("the checkpoint's rollout settings differ from this run's: the AIS moving average, the mismatch guard's "
+            "baseline and the calibration window start afresh")  # fmt: skip
+        return None, {}, fresh, []
+    guard = {"history": extra.get("k3", []), "saved": undo} if cfg.correction.guard > 0 else {}
+    end_point = fresh  # so a branch that names another correction, without calibration, trains with it
+    if cfg.correction.calibrate_every and "end_point" in extra:  # the last pick (a name before mixtures)
+        end_point = extra["end_point"] if isinstance(extra["end_point"], dict) else {extra["end_point"]: 1.0}
+    past = [c for c in extra.get("calibrations", []) if measured(c)]  # (older runs kept every one)
+    return extra.get("prev_alpha"), guard, end_point, past
 
 
 def _rollout_model(cfg: TrainConfig, model, device, problems, encode):

@@ -7,7 +7,15 @@ import pytest
 import torch
 from conftest import TINY_LAB, load_benchmark
 
-from aisrl.calibrate import _gram, check_candidates, combine, end_point_weights, pooled_noise, simplex_min
+from aisrl.calibrate import (
+    _gram,
+    check_candidates,
+    check_mixable,
+    combine,
+    end_point_weights,
+    pooled_noise,
+    simplex_min,
+)
 from aisrl.checkpoint import latest_checkpoint
 from aisrl.correction import correct
 from aisrl.train_config import load_config, validate
@@ -169,6 +177,15 @@ def test_pooled_and_mix_average_the_differences_not_the_distances():
     # an earlier calibration of other candidates (another shape) is left out, and unknown rules are refused
     w, _, _ = end_point_weights(*args, rule="pooled", past=[{**past[0], "diff": torch.zeros(3, 2)}])
     assert w == {"seq_tis": 1.0}  # this calibration alone: |d_seq|^2 < |d_tis|^2
+    # an earlier calibration's rows are read by name: of candidates in another order (a branch reordered them), or of
+    # more candidates (before: read by position, each candidate charged with another's past differences)
+    w, m, rec = end_point_weights(*args, rule="mix", past=past)
+    assert rec["names"] == ["tis", "seq_tis"]
+    swapped = {**past[0], "diff": past[0]["diff"].flip(0), "names": ["seq_tis", "tis"]}
+    more = {**past[0], "diff": torch.cat([torch.full((1, 2), 9.0), past[0]["diff"]]), "names": ["x", "tis", "seq_tis"]}
+    for other in (swapped, more):
+        w2, m2, _ = end_point_weights(*args, rule="mix", past=[{**other, "calib_dist_x": 0.0}])
+        assert w2 == pytest.approx(w) and m2["calib_pooled_tis"] == pytest.approx(m["calib_pooled_tis"])
     # no candidate's gradient finite: nothing to judge by, the end point in use is kept
     nan = (["tis", "seq_tis"], lambda res: res.weights[0] * float("nan"), ref, old, roll, mask, lambda n: {})
     for rule in ("window", "pooled", "mix"):
@@ -203,6 +220,11 @@ def test_candidates_and_settings_are_checked_before_anything_is_built():
                        ("correction.alpha=0.5", r"'tis' got unknown option\(s\) \['alpha'\]")]:  # fmt: skip
         with pytest.raises(ValueError, match=match):
             validate(load_config("lab", ["correction.calibrate_every=2", "correction.cap=3", *bad.split()]))
+    # a correction that drops whole sequences rejects tokens too (before: passed, its probe's net log-ratio was 0)
+    for seq_level in ("seq_mask", "geo_mask", "k1_reject"):
+        with pytest.raises(ValueError, match=rf"\['{seq_level}'\] reject tokens"):
+            check_mixable(["tis", seq_level], lambda name: {})
+    check_mixable(["tis", "ais", "seq_tis"], lambda name: {})  # reweighting only
     # a rejecting correction may still be chosen whole, by the other rules
     validate(load_config("lab", ["correction.calibrate_every=2", "correction.candidates=[tis,icepop]",
                                  "correction.calibrate_rule=pooled"]))  # fmt: skip

@@ -560,25 +560,37 @@ def test_a_tripped_batch_stays_out_of_the_ais_ema(monkeypatch, tmp_path):
     assert seen[1:7] == [x["alpha"] for x in r[:6]] and seen[7] == r[5]["alpha"]  # step 8 smooths from step 6's
 
 
-def test_a_checkpoint_keeps_the_guard_baseline_only_under_the_same_rollout_settings():
-    from aisrl.trainer import _guard_state, _mismatch_key
+def test_a_checkpoint_keeps_its_mismatch_state_only_under_the_same_rollout_settings():
+    from aisrl.trainer import _mismatch_key, _resumed
+
+    def guard_state(cfg, extra, log=print):
+        return _resumed(cfg, dict(extra), log)[1]
 
     cfg = load_config("lab", [*TINY, "rollout.quant=fp8_e4m3_w8a8", "correction.guard=4"])
     extra = {"k3": [0.002, 0.003], "guard_undo": {"model": {}, "optimizer": {}}, "k3_rollout": _mismatch_key(cfg)}
-    assert _guard_state(cfg, dict(extra), print) == {"history": [0.002, 0.003], "saved": extra["guard_undo"]}
-    assert _guard_state(cfg, {"k3": [0.002]}, print) == {"history": [0.002], "saved": None}  # an older checkpoint
+    assert guard_state(cfg, extra) == {"history": [0.002, 0.003], "saved": extra["guard_undo"]}
+    assert guard_state(cfg, {"k3": [0.002]}) == {"history": [0.002], "saved": None}  # an older checkpoint
     logs = []
     branch = load_config("lab", [*TINY, "rollout.quant=mxfp4_w4a4", "correction.guard=4"])  # a branch to MXFP4
-    assert _guard_state(branch, dict(extra), logs.append) == {} and "new baseline" in logs[0]
+    assert guard_state(branch, extra, logs.append) == {} and "guard's baseline" in logs[0]
     off = load_config("lab", [*TINY, "rollout.quant=fp8_e4m3_w8a8"])  # resumed with the guard off: nothing kept
-    assert _guard_state(off, dict(extra), print) == {}
+    assert guard_state(off, extra) == {}
     longer = load_config("lab", [*TINY, "rollout.quant=fp8_e4m3_w8a8", "correction.guard=4", "max_steps=500"])
-    assert _guard_state(longer, dict(extra), print)["history"] == [0.002, 0.003]  # same format and sampling
+    assert guard_state(longer, extra)["history"] == [0.002, 0.003]  # same format and sampling
     for other in ("rollout.keep=[model.layers.0.*]", "rollout.engine=static"):  # layers kept, another sampler
-        assert _guard_state(load_config("lab", [*TINY, "rollout.quant=fp8_e4m3_w8a8", "correction.guard=4", other]),
-                            dict(extra), print) == {}  # fmt: skip
+        assert guard_state(load_config("lab", [*TINY, "rollout.quant=fp8_e4m3_w8a8", "correction.guard=4", other]),
+                           extra) == {}  # fmt: skip
     before = {**extra, "k3_rollout": {k: v for k, v in extra["k3_rollout"].items() if k not in ("keep", "engine")}}
-    assert _guard_state(cfg, before, print)["history"] == [0.002, 0.003]  # stored before keep/engine were: defaults
+    assert guard_state(cfg, before)["history"] == [0.002, 0.003]  # stored before keep/engine were: defaults
+    # the AIS moving average and the calibrations were measured under the old settings too
+    calib = [*TINY, "rollout.quant=fp8_e4m3_w8a8", "correction.name=ais", "correction.ema=0.5",
+             "correction.calibrate_every=2", "correction.candidates=[tis,ais]"]  # fmt: skip
+    record = {"calib_dist_tis": 0.4, "calib_dist_ais": 0.3, "calib_ref_norm": 1.0}
+    state = {"prev_alpha": 0.97, "end_point": {"tis": 1.0}, "calibrations": [record],
+             "k3_rollout": _mismatch_key(load_config("lab", calib))}  # fmt: skip
+    assert _resumed(load_config("lab", calib), dict(state), print) == (0.97, {}, {"tis": 1.0}, [record])
+    moved = load_config("lab", [*calib, "rollout.quant=nvfp4_w4a4"])
+    assert _resumed(moved, dict(state), print) == (None, {}, {"ais": 1.0}, [])  # before: all three carried over
 
 
 def test_a_pinned_alpha_runs_ais_as_the_chosen_point_between_none_and_tis(tmp_path, monkeypatch):
