@@ -89,9 +89,9 @@ def _check_inputs(logp, old_logp, mask, dual_clip, ref_logp=None, kl_coef=0.0, *
             raise ValueError(f"{name} must have logp's (N, T) shape {(n, t)}; got {tuple(x.shape)}")
     if dual_clip is not None and not dual_clip > 1.0:  # (NaN too)
         raise ValueError(f"dual_clip must be > 1 (it bounds the loss of negative advantages), got {dual_clip}")
-    if len(clip) != 2 or not (0 <= clip[0] < 1 and clip[1] >= 0):  # (NaN too)
+    if not isinstance(clip, (tuple, list)) or len(clip) != 2 or not (0 <= clip[0] < 1 and clip[1] >= 0):  # (NaN too)
         raise ValueError(f"clip must be (low, high) with 0 <= low < 1 and high >= 0: the ratio is kept inside "
-                         f"[1 - low, 1 + high]; got {tuple(clip)}")  # fmt: skip
+                         f"[1 - low, 1 + high]; got {clip!r}")  # fmt: skip
     if ref_logp is None and kl_coef:
         raise ValueError("kl_coef > 0 needs ref_logp (log-probs under the reference policy)")
 

@@ -243,7 +243,8 @@ class FakeQuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype  # a BF16 model's residual stream stays BF16; the GEMM itself is exact in FP32
         x = ACT_FORMATS[self.cfg.format](x.float()) if self.cfg.activations else x.float()
-        return nn.functional.linear(x, self.weight, self.bias).to(dtype)
+        bias = None if self.bias is None else self.bias.float()  # (FP32 buffers, unless the model was cast since)
+        return nn.functional.linear(x, self.weight.float(), bias).to(dtype)
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, {self.cfg}"

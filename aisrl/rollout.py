@@ -54,9 +54,16 @@ class SamplingParams:
     greedy: bool = False
     """Argmax decoding (evaluation); rollout_logp is then the temperature-processed log-prob of the argmax."""
     stop: list[str] = field(default_factory=list)
-    """Stop strings (matched on decoded text; need a tokenizer)."""
+    """Stop strings (matched on decoded text; need a tokenizer). One string is taken as a list of one."""
 
     def __post_init__(self):
+        for key in ("max_new_tokens", "top_k"):
+            if not isinstance(getattr(self, key), numbers.Integral) or isinstance(getattr(self, key), bool):
+                raise ValueError(f"{key} must be an integer, got {getattr(self, key)!r}")
+        if isinstance(self.stop, str):  # not its characters, each of which would end a completion
+            self.stop = [self.stop]
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must be a list of non-empty strings (an empty one always matches), got {self.stop}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -356,7 +363,10 @@ def logprobs(
         a = int(prompt_mask[idx].any(0).int().argmax())  # first column holding a token (0 if none does)
         t = max(1, int(ends[idx].max()))  # at least one column, so a batch without tokens still has a graph
         ids = torch.cat([prompt_ids[idx, a:], completion_ids[idx, :t]], dim=1).to(device)
-        mask = torch.cat([prompt_mask[idx, a:], completion_mask[idx, :t]], dim=1).to(device)
+        # every token up to a row's last one is context, as when it was sampled: a gap in completion_mask (tokens
+        # left out of the loss) hides nothing from the tokens after it
+        sampled = torch.arange(t, device=ends.device)[None] < ends[idx, None]  # (b, t)
+        mask = torch.cat([prompt_mask[idx, a:], sampled], dim=1).to(device)
         hidden = body(input_ids=ids, attention_mask=mask.long(), position_ids=_positions(mask)).last_hidden_state
         hidden = hidden[:, P - a - 1 : -1]  # (b, t, H): the state that predicts each completion token
         rows = []

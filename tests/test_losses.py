@@ -143,7 +143,7 @@ def test_bad_arguments_are_clear_errors():
         # a NaN dual clip, or a clip band whose top lies under its bottom, made the loss NaN or its gradient 0
         with pytest.raises(ValueError, match="dual_clip must be > 1"):
             loss_fn(x, x, adv, mask, dual_clip=float("nan"), agg=agg)
-        for clip in ((0.2, -0.5), (float("nan"), 0.2), (1.0, 0.2), (0.2,)):
+        for clip in ((0.2, -0.5), (float("nan"), 0.2), (1.0, 0.2), (0.2,), 0.2):  # 0.2: was a TypeError of len()
             with pytest.raises(ValueError, match=r"clip must be \(low, high\) with 0 <= low < 1 and high >= 0"):
                 loss_fn(x, x, adv, mask, clip=clip, agg=agg)
         loss_fn(x, x, adv, mask, clip=(0.0, float("inf")), agg=agg)  # no clip above: allowed

@@ -225,6 +225,10 @@ def test_a_bf16_model_keeps_bf16_activations_through_fake_quant_layers():
     x = torch.randn(2, layer.in_features, dtype=torch.bfloat16)
     expected = ACT_FORMATS[layer.cfg.format](x.float()) @ layer.weight.T  # FP32 GEMM of rounded operands
     torch.testing.assert_close(layer(x), expected.to(torch.bfloat16), rtol=0, atol=0)
+    # a rollout copy cast after quantize_ (its FP32 buffers with it) still runs (before: a dtype mismatch in the GEMM)
+    cast = quantize_(copy.deepcopy(model).float(), quant_config("fp8_e4m3_w8a8")).to(torch.bfloat16)
+    assert cast.model.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16
+    assert torch.isfinite(cast(ids).logits).all()
 
 
 def test_sync_reaches_a_quantised_head_tied_to_the_embeddings():

@@ -258,3 +258,26 @@ def test_a_logit_finishing_it_does_not_know_is_an_error():
     ids, mask = torch.tensor([[1, 5]]), torch.ones(1, 2, dtype=torch.bool)
     with pytest.raises(ValueError, match="Doubled's forward changes its output head's logits"):
         logprobs(model, ids, mask, ids, mask)
+
+
+def test_a_gap_in_the_completion_mask_hides_nothing_from_the_tokens_after_it(model):
+    """Tokens left out of the loss (a correction's mask, tool output) were still sampled in context: logprobs of
+    the tokens after a gap equal those of the unbroken mask (before: the gap was left out of attention)."""
+    params = SamplingParams(max_new_tokens=8)
+    r = generate(model, PROMPTS, params, seeds=[3, 4, 5], eos_id=[])
+    holed = r.completion_mask.clone()
+    holed[:, 2] = False
+    whole = logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, params)
+    gap = logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, holed, params)
+    torch.testing.assert_close(gap, torch.where(holed, whole, 0.0), atol=1e-6, rtol=0)
+
+
+def test_sampling_params_are_checked():
+    assert SamplingParams(stop="</answer>").stop == ["</answer>"]  # one string: not its characters
+    for bad, message in [({"stop": [""]}, "stop must be a list of non-empty strings"),
+                         ({"max_new_tokens": 8.0}, "max_new_tokens must be an integer, got 8.0"),
+                         ({"top_k": None}, "top_k must be an integer, got None"),
+                         ({"max_new_tokens": True}, "max_new_tokens must be an integer")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            SamplingParams(**bad)
+    assert SamplingParams(max_new_tokens=np.int64(4)).max_new_tokens == 4
