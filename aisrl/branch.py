@@ -27,6 +27,7 @@ the branch point.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import statistics
@@ -61,10 +62,14 @@ class BranchConfig:
 
 
 def _out(cfg: BranchConfig) -> Path:
+    """`out`, or a folder under the run named by the branch point and the overrides; a name past what a file system
+    takes (255 bytes: a long rollout.keep list, say) keeps its start and ends in a hash of the whole."""
     if cfg.out:
         return Path(cfg.out)
-    tag = "".join(f"_{o.replace('/', '-')}" for o in cfg.train)
-    return Path(cfg.run) / "branches" / f"step{cfg.step}{tag}"
+    name = f"step{cfg.step}" + "".join(f"_{o.replace('/', '-')}" for o in cfg.train)
+    if len(name.encode()) > 240:
+        name = name.encode()[:160].decode(errors="ignore") + "_" + hashlib.sha256(name.encode()).hexdigest()[:16]
+    return Path(cfg.run) / "branches" / name
 
 
 def recorded_base(run: Path, preset: str = "") -> str:

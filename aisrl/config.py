@@ -65,6 +65,8 @@ def _check(key: str, value, typ):
             return None
         raise ValueError(f"config key {key!r} expects None, got {value!r}")
     if typ is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):  # YAML's .inf / .nan, or 1e999 on the command line: no setting means that
+            raise ValueError(f"config key {key!r} must be a finite number, got {value}")
         return float(value)
     if typ in (int, str, bool) and type(value) is typ:
         return value

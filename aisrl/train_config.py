@@ -457,6 +457,10 @@ def validate(cfg: TrainConfig) -> None:
             raise ValueError(f"config key {key!r} must be {what}, got {getattr(cfg, key)}")
     if not cfg.output_dir.strip():
         raise ValueError("output_dir is empty; name the directory the run writes to, e.g. output_dir=runs/x")
+    long = [part for part in Path(cfg.output_dir).parts if len(part.encode()) > 255]
+    if long:
+        raise ValueError(f"output_dir={cfg.output_dir}: a name in it is {len(long[0].encode())} bytes, past the 255 a "
+                         f"file system takes ({long[0][:40]}...); choose a shorter output_dir")  # fmt: skip
     blocked = [p for p in (Path(cfg.output_dir), *Path(cfg.output_dir).parents) if p.exists() and not p.is_dir()]
     if blocked:
         raise ValueError(f"output_dir={cfg.output_dir}: {blocked[-1]} is a file, not a directory; choose another "

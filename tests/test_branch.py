@@ -185,3 +185,16 @@ def test_a_branch_point_without_an_evaluation_is_reported(run, tmp_path):
     res = run_branches(BranchConfig(run=str(run), step=2, salts=[0], out=str(tmp_path / "b")), logs.append)
     assert any("did not evaluate at step 2" in line for line in logs)
     assert res["branches"]["0"]["eval_start"] is None and res["scored"] == 0 and res["eval_change_mean"] is None
+
+
+def test_a_branch_folder_named_past_a_file_systems_limit_ends_in_a_hash(tmp_path):
+    """The folder name holds every override: a 16-pattern rollout.keep ran past 255 bytes, an OSError traceback."""
+    from aisrl.branch import _out
+
+    keep = "rollout.keep=[" + ",".join(f"model.layers.{i}.self_attn.q_proj" for i in range(16)) + "]"
+    long = _out(BranchConfig(run=str(tmp_path), step=100, train=["max_steps=120", keep]))
+    other = _out(BranchConfig(run=str(tmp_path), step=100, train=["max_steps=120", keep.replace("q_proj]", "k_proj]")]))
+    assert len(long.name.encode()) <= 255 and long.name.startswith("step100_max_steps=120_rollout.keep=[")
+    assert long != other and not long.exists()  # a name the file system takes, one per set of overrides
+    short = _out(BranchConfig(run=str(tmp_path), step=2, train=["rollout.quant=none"]))
+    assert short == tmp_path / "branches" / "step2_rollout.quant=none"  # names that fit stay as they were

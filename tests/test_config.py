@@ -213,14 +213,17 @@ def test_more_torchrun_ranks_than_gpus_is_refused_with_the_process_count_to_use(
 
 
 def test_a_yaml_nan_is_refused_as_on_the_command_line(tmp_path):
-    from aisrl.train_config import load_config, validate
+    from aisrl.train_config import load_config
 
     preset = tmp_path / "p.yaml"
     preset.write_text("dual_clip: nan\n")  # text: before, read as float('nan'), which passed every check
     with pytest.raises(ValueError, match="config key 'dual_clip' expects float, got 'nan'"):
         load_config(str(preset), [])
-    preset.write_text("dual_clip: .nan\n")  # YAML's own NaN is a float: the range check must catch it
-    with pytest.raises(ValueError, match="dual_clip must be 0 \\(off\\) or > 1, got nan"):
-        validate(load_config(str(preset), []))
+    for text in ("dual_clip: .nan\n", "lr: .inf\n", "correction: {guard: .nan}\n"):  # YAML's own: floats
+        preset.write_text(text)  # (before: lr=inf passed validate, and a NaN guard was silently off)
+        with pytest.raises(ValueError, match=r"config key '(dual_clip|lr|correction.guard)' must be a finite number"):
+            load_config(str(preset), [])
+    with pytest.raises(ValueError, match="config key 'kl_coef' must be a finite number, got inf"):
+        load_config("lab", ["kl_coef=1e999"])  # a number literal_eval reads as inf
     preset.write_text("lr: 1e-3\n")  # YAML 1.1 leaves this a string: still read as the number
     assert load_config(str(preset), []).lr == 1e-3

@@ -109,6 +109,22 @@ def test_weights_at_verls_safety_bound_are_raw_not_truncated():
         check_raw_weights(w, mask)
 
 
+def test_weights_of_a_shared_prefix_tie_without_a_threshold():
+    """Completions of one prompt that begin alike give those tokens the same log-probs on both sides, so the same
+    raw weight; at the batch's largest weight that read as a cap, and stopped a correctly configured run."""
+    old, rollout, logp, adv, mask, w = batch(4)
+    old[:, 0], rollout[:, 0] = -0.5, -1.5  # every sequence starts with one token, weight e, the largest
+    mask[:, 0] = True
+    w = torch.exp(old - rollout) * mask
+    assert (w == w.max()).sum() >= 3
+    check_raw_weights(w, mask, old_logp=old)  # one trainer log-prob among the tied tokens: one token, repeated
+    with pytest.raises(ValueError, match="look truncated"):
+        check_raw_weights(w, mask)  # (without old_logp, tokens are counted: the check as it was)
+    capped = torch.where(mask, w.clamp(max=1.1), 0.0)  # a cap ties tokens whose trainer log-probs differ
+    with pytest.raises(ValueError, match="truncated at 1.1"):
+        check_raw_weights(capped, mask, old_logp=old)
+
+
 def test_a_missing_weight_names_the_settings(verl_algos):
     old, rollout, logp, adv, mask, w = batch(2)
     with pytest.raises(ValueError, match="rollout_is_threshold=inf"):

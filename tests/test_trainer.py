@@ -201,6 +201,7 @@ save_checkpoint({str(tmp_path)!r}, 2, m, torch.optim.AdamW(m.parameters()), {{}}
         (["correction.options={'cap': 3}"], "correction.options sets ['cap']: set them with their own keys"),
         (["output_dir="], "output_dir is empty; name the directory the run writes to"),
         (["output_dir=pyproject.toml/run"], "output_dir=pyproject.toml/run: pyproject.toml is a file, not a directory"),
+        ([f"output_dir=runs/{'x' * 300}"], "a name in it is 300 bytes, past the 255 a file system takes"),
         (["correction.name=tis", "correction.options={'floor': '0.5'}"], "option 'floor' expects float (default 0.0)"),
         (["model.name=smollm2", "task=dataset", "dataset=d.jsonl", "task_options={'path': 'x'}"],
          "task_options sets ['path']: name the file or generator with dataset= instead"),

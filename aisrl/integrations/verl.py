@@ -128,11 +128,14 @@ CHECKED_CALLS = 16
 """Micro-batches (about a first step's) whose weights each loss function judges; later ones only need weights."""
 
 
-def check_raw_weights(w: torch.Tensor | None, mask: torch.Tensor, tally: dict | None = None) -> bool:
+def check_raw_weights(w: torch.Tensor | None, mask: torch.Tensor, tally: dict | None = None,
+                      old_logp: torch.Tensor | None = None) -> bool:  # fmt: skip
     """Raise if `w` cannot be verl's untruncated token-level exp(old_logp - rollout_logp); return whether there was
     anything to judge (False for a micro-batch without a valid token, or whose weights are all NaN). `tally` carries
-    the largest weight seen and how many tokens held it over a loss function's calls: a cap that few tokens of
+    the largest weight seen and the tokens that held it over a loss function's calls: a cap that few tokens of
     each micro-batch reach (verl's default 2.0 under a mild mismatch) shows only as ties summed over several.
+    Given `old_logp` (N, T), tokens tie only with different trainer log-probs: completions of one prompt that share
+    a prefix give those tokens the very same log-probs on both sides, so the very same raw weight.
 
     NaN weights are not a sign of the settings: verl's exp(clamp(old - rollout, -20, 20)) keeps the NaN of a token
     the rollout engine could not score (clamp passes NaN through), and `correct` drops such tokens (counted in
@@ -155,7 +158,7 @@ def check_raw_weights(w: torch.Tensor | None, mask: torch.Tensor, tally: dict | 
         spread = (wm.nan_to_num(-math.inf).amax(-1) - wm.nan_to_num(math.inf).amin(-1)).abs()
         if (spread == 0).all():
             raise _settings_error("rollout_is_weights are constant within every sequence (rollout_is=sequence)")
-    tally = {"top": -math.inf, "ties": 0} if tally is None else tally
+    tally = {"top": -math.inf} if tally is None else tally
     seen = tally.setdefault("seen", set())  # verl replays its micro-batches in every PPO epoch: count each once
     fingerprint = (v.numel(), float(v.double().sum()), float(v.max()))
     if fingerprint in seen:
@@ -163,11 +166,14 @@ def check_raw_weights(w: torch.Tensor | None, mask: torch.Tensor, tally: dict | 
     seen.add(fingerprint)
     top = v.max().item()
     if top >= tally["top"]:  # ties at the largest weight so far, over every call that reached it
-        tally["ties"] = (tally["ties"] if top == tally["top"] else 0) + int((v == top).sum())
+        at = v == top
+        tied = ({("old", x) for x in old_logp.detach()[on][at].tolist()} if old_logp is not None
+                else {("token", len(seen), i) for i in range(int(at.sum()))})  # fmt: skip
+        tally["tied"] = (tally.get("tied", set()) if top == tally["top"] else set()) | tied
         tally["top"] = top
     top = tally["top"]
     at_bound = top >= math.exp(LOG_RATIO_CLAMP) * (1 - 1e-6)  # verl's own safety bound: ties there are raw
-    if top > 1.0 and tally["ties"] >= 3 and not at_bound:  # raw exp(log-ratio) values practically never tie
+    if top > 1.0 and len(tally.get("tied", ())) >= 3 and not at_bound:  # raw exp(log-ratio) values hardly ever tie
         raise _settings_error(f"rollout_is_weights look truncated at {top:g} (many tokens share the maximum)")
     return True
 
@@ -178,7 +184,7 @@ def make_policy_loss(name: str, **options):
     if name not in CORRECTIONS:
         raise ValueError(f"unknown correction {name!r}; choose from {sorted(CORRECTIONS)}")
     check_options(name, **options)  # at install(), not inside a Ray worker after the first rollout
-    state = {"prev_alpha": None, "judged": 0, "tally": {"top": -math.inf, "ties": 0}}
+    state = {"prev_alpha": None, "judged": 0, "tally": {"top": -math.inf}}
 
     def policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
                     rollout_is_weights=None):  # fmt: skip
@@ -186,7 +192,7 @@ def make_policy_loss(name: str, **options):
 
         on = response_mask.bool()
         if rollout_is_weights is None or state["judged"] < CHECKED_CALLS:  # the settings are fixed: the heuristics
-            state["judged"] += check_raw_weights(rollout_is_weights, on, state["tally"])  # judge the first calls
+            state["judged"] += check_raw_weights(rollout_is_weights, on, state["tally"], old_log_prob)  # first calls
         safe_w = torch.where(on, rollout_is_weights.detach(), torch.ones_like(rollout_is_weights))
         rollout_logp = torch.where(on, old_log_prob.detach() - safe_w.log(), 0.0)  # (N, T)
         opts = dict(options)
