@@ -204,7 +204,8 @@ def diffusion_logprobs(model, x: torch.Tensor, attn: torch.Tensor, prompt_len: i
     probability p_mask, drawn from torch.Generator seeded with `seed` (share it between rollout and trainer).
     The draws are per prompt token, counted from the row's first one and the same for every row, so a row gets
     the masks it gets in any batch (a micro-batch, another rank's share, another padding width). Prompts must be
-    left-padded, as diffusion_generate leaves them."""
+    left-padded, as diffusion_generate leaves them. `attn` may be bool or 0/1 (Hugging Face's convention)."""
+    attn = attn.bool()
     if prompt_len and not attn[:, prompt_len - 1].all():
         raise ValueError("diffusion_logprobs needs left-padded prompts (attn[:, prompt_len - 1] true in every row), "
                          "as diffusion_generate returns them")  # fmt: skip

@@ -108,6 +108,8 @@ def test_d1_logprobs_match_a_hand_computation_and_are_seeded():
             assert got[b, j].item() == pytest.approx(want, abs=1e-6)
     assert torch.equal(got, diffusion_logprobs(Toy(p), x, attn, p, cmask, mask_id=MASK, p_mask=0.5, seed=7))
     assert torch.equal(got, diffusion_logprobs(Toy(p), x, attn, p, cmask.long(), mask_id=MASK, p_mask=0.5, seed=7))
+    # a 0/1 attention mask, Hugging Face's convention (was a RuntimeError of torch.where)
+    assert torch.equal(got, diffusion_logprobs(Toy(p), x, attn.long(), p, cmask, mask_id=MASK, p_mask=0.5, seed=7))
     other = diffusion_logprobs(Toy(p), x, attn, p, cmask, mask_id=MASK, p_mask=0.5, seed=8)
     assert not torch.equal(got, other)  # another seed masks other prompt tokens (the toy counts them)
     one = diffusion_logprobs(Toy(p), x[1:], attn[1:], p, cmask[1:], mask_id=MASK, p_mask=0.5, seed=7)
