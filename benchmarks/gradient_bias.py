@@ -312,12 +312,16 @@ def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: 
     unknown = sorted({m.partition(":")[0] for m in methods} - set(CORRECTIONS))
     if unknown:
         raise ValueError(f"unknown correction(s) {unknown} in methods; choose from {sorted(CORRECTIONS)}")
+    if len(set(methods)) < len(methods):  # one method's gradients would pair with another salt's reference
+        raise ValueError(f"methods={methods} names a method twice; name each once")
     if choose and not set(choose) <= set(methods):
         raise ValueError(f"choose={choose}: the end points to choose from must be among methods={methods}")
     preset_name = preset or "lab_columns"  # names the results; the warm start's preset
     base, at = preset_name, None
     if start:
-        run, step = start.rsplit(":", 1)
+        run, _, step = start.rpartition(":")
+        if not run or not step.isdigit():
+            raise ValueError(f"start={start!r}: give RUN:STEP, a run folder and one of its checkpoint steps")
         base, at = recorded_base(Path(run), preset or ""), (run, int(step))
     recorded = json.loads(Path(base).read_text())["seed"] if base.endswith(".json") else 0
     if seed is None:  # the run's own training pool and prompts, or seed 0's at the warm start

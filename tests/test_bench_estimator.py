@@ -216,6 +216,10 @@ def test_unknown_policy_and_bad_sizes_are_clear_errors():
         "vocab": (1, "vocab must be >= 2, got 1"),
         "group_size": (1, "group_size must be >= 2, got 1"),
         "length": (20, r"enumerates vocab\^length = 5\^20 sequences, more than 1048576; .* policy=markov"),
+        # every reward 1: a gradient of rounding error, and every method's relative MSE exactly 1 (was accepted)
+        "reward_p": (1.0, "need 0 < reward_p < 1"),
+        "cap": (0.0, "cap > 0; got reward_p=0.3, cap=0.0"),
+        "sharpness": ([float("nan")], "strengths and sharpness must be finite"),  # (was a multinomial error)
     }
     for key, (value, message) in bad.items():
         with pytest.raises(ValueError, match=message):

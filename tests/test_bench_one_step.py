@@ -31,6 +31,12 @@ def test_the_gradient_is_linear_in_the_weights_so_a_pinned_alpha_lies_on_the_seg
     torch.testing.assert_close(g_half, 0.5 * (g_none + g_tis), rtol=1e-4, atol=1e-6)
 
 
+def test_more_than_one_epoch_is_refused():
+    """_update steps the optimizer each epoch: the gradient left at the end is not the step's first one."""
+    with pytest.raises(ValueError, match="epochs=2: one_step reads the step's first gradient"):
+        one_step("lab", [*FP8, "epochs=2"])
+
+
 def test_a_hook_changes_what_is_trained_on_and_the_originals_come_back():
     import aisrl.trainer as trainer
 
@@ -117,6 +123,10 @@ def test_the_line_beyond_tis_finds_an_optimum_past_alpha_1_when_tis_keeps_part_o
     for bad in (0.5, 11.0):  # refused before anything is built or trained
         with pytest.raises(ValueError, match=rf"alpha_max={bad}: .* give 1 to 10"):
             gb.main(None, "mxfp4_w4a4", None, 32, ["none", "tis"], "", [1, 10], alpha_max=bad)
+    with pytest.raises(ValueError, match=r"names a method twice"):  # (its rows paired with other salts' references)
+        gb.main(None, "mxfp4_w4a4", None, 32, ["none", "tis", "tis"], "", [1, 10])
+    with pytest.raises(ValueError, match=r"start='runs/x': give RUN:STEP"):
+        gb.main(None, "mxfp4_w4a4", None, 32, ["none", "tis"], "runs/x", [1, 10])
 
 
 def test_a_true_gradient_drowned_in_noise_gives_no_norm_rather_than_a_crash():

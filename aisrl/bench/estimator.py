@@ -353,6 +353,11 @@ def check(cfg: EstimatorBenchConfig) -> None:
             raise ValueError(f"{key} must be >= {low}, got {getattr(cfg, key)}")
     if not cfg.strengths or not cfg.sharpness:
         raise ValueError("strengths and sharpness each need at least one value, e.g. strengths=[0.2]")
+    if not all(math.isfinite(x) for x in [*cfg.strengths, *cfg.sharpness]):
+        raise ValueError(f"strengths and sharpness must be finite; got {cfg.strengths} and {cfg.sharpness}")
+    if not 0 < cfg.reward_p < 1 or not cfg.cap > 0:  # at reward_p 0 or 1 every reward is equal: no gradient
+        raise ValueError(f"need 0 < reward_p < 1 (the chance of reward 1) and cap > 0; got reward_p={cfg.reward_p}, "
+                         f"cap={cfg.cap}")  # fmt: skip
     if cfg.policy == "tabular" and cfg.vocab**cfg.length > TABULAR_LIMIT:
         raise ValueError(f"policy=tabular enumerates vocab^length = {cfg.vocab}^{cfg.length} sequences, more than "
                          f"{TABULAR_LIMIT}; shorten length or use policy=markov")  # fmt: skip
@@ -374,7 +379,7 @@ def run(cfg: EstimatorBenchConfig) -> dict:
         # Pooled relative MSE: sum of squared errors over instances / sum of |g|^2. A per-instance ratio
         # would let an instance whose exact gradient is ~0 (a reward plateau) dominate the point.
         norm2 = sum(d["grad_norm2"] for d in diags)
-        if norm2 <= 0:  # every instance's exact gradient is 0 (vocab 2, length 2, one instance: all rewards equal)
+        if norm2 <= 1e-20:  # every instance's exact gradient is 0 up to rounding (vocab 2, length 2: equal rewards)
             raise ValueError(f"at sharpness {sharp}, strength {strength} the exact gradient of every instance is 0, "
                              "so no error is relative to anything: raise instances, vocab or length")  # fmt: skip
         mse = {k: sum(m[k] for m in mses) / norm2 for k in mses[0]}

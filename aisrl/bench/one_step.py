@@ -58,6 +58,9 @@ def one_step(base: str, overrides: list[str], *, start: tuple[str | Path, int] |
                 start_from_checkpoint(src, at, run)
                 step = at + 1
             cfg = load_config(base, [*overrides, f"max_steps={step}", "grad_clip=0", f"output_dir={run}"])
+            if cfg.epochs != 1:  # the gradient read after the update would be the last epoch's, past a step
+                raise ValueError(f"epochs={cfg.epochs}: one_step reads the step's first gradient, which is the one "
+                                 "_update leaves only with epochs=1; set epochs=1")  # fmt: skip
             trainer.train(cfg, log=lambda _: None)
             (row,) = [r for r in run_rows(run) if r["step"] == step]
     finally:
