@@ -95,7 +95,7 @@ def test_rollout_run_that_fails_keeps_the_published_results(tmp_path, monkeypatc
         return [{"shape": shape}]
 
     monkeypatch.setattr(gr, "throughput", throughput)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="CUDA out of memory"):
         gr.run(["qwen3-8b", "qwen3-1.7b"], [8], 16, 8, False, False, str(out), gemms=False, acc=False)
     assert json.loads(out.read_text()) == {"sources": "merged by hand"}
     assert json.loads((tmp_path / "gpu_rollout.json.partial").read_text())["throughput"] == [{"shape": "qwen3-8b"}]

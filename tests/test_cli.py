@@ -59,8 +59,9 @@ def test_a_preset_path_holding_an_equals_sign_is_a_preset_and_options_may_follow
     monkeypatch.setattr("aisrl.cli._mismatch", lambda args: seen.update(vars(args)) or 0)
     assert main(["mismatch", "prompts=2", "--model", "tiny-llama", "max_new_tokens=4"]) == 0
     assert seen["model"] == "tiny-llama" and seen["overrides"] == ["prompts=2", "max_new_tokens=4"]
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         main(["train", "lab", "--nope"])
+    assert e.value.code == 2  # argparse's usage error
 
 
 def test_eval_scores_a_run_with_the_settings_it_recorded(tmp_path):

@@ -278,7 +278,7 @@ def test_publish_writes_results_and_benchmarks_section(tmp_path):
     ("kwargs", "message"),
     [
         ({"methods": ["nope"]}, "unknown method 'nope'; choose from"),
-        ({"formats": ["fp7"]}, "fp7"),
+        ({"formats": ["fp7"]}, "unknown quantisation preset 'fp7'"),
         ({"only": ["int4/ais"]}, "only='int4/ais' is not a group"),
         ({"seeds": []}, "nothing to compare"),
         ({"formats": [], "reference": False}, "nothing to compare"),  # before: an empty study, exit 0

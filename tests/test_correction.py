@@ -279,7 +279,7 @@ def test_nan_at_counted_position_is_dropped_not_propagated(batch):
 
 @pytest.mark.parametrize("bad", [{"cap": -1.0}, {"cap": 2.0, "floor": 3.0}])
 def test_bad_cap_is_a_clear_error(batch, bad):
-    with pytest.raises(ValueError, match="cap"):
+    with pytest.raises(ValueError, match=r"need cap > 0 and 0 <= floor <= cap, got cap="):
         correct("tis", *batch, **bad)
 
 

@@ -54,11 +54,24 @@ def test_preset_diagnoses_the_lab_models_as_their_trainer_scores_them(tmp_path, 
         "lab: {task: sudoku4, hidden: 32, layers: 1, sft_steps: 0}\n"
         f"rollout: {gen}\ndiffusion: {{block_length: 8, steps: 5}}\n"
     )
+    import aisrl.trainer
+    from aisrl.policy import CausalPolicy, DiffusionPolicy
+    from aisrl.train_config import load_config
+    from aisrl.trainer import build, make_policy
+
+    scored, score_at = [], aisrl.trainer._score_at
+    monkeypatch.setattr(aisrl.trainer, "_score_at", lambda policy, *a: scored.append(policy) or score_at(policy, *a))
     cfg = DoctorConfig(preset=str(tmp_path / "tiny.yaml"), formats=["fp8_e4m3_w8a8", "mxfp4_w4a4"], prompts=4)
     res = diagnose(cfg)
     for r in res.values():
         assert 0 < r["tokens"] <= 4 * 40 and len(r["log_ratios"]) == r["tokens"]
     assert 0 < res["fp8_e4m3_w8a8"]["k3_kl"] < res["mxfp4_w4a4"]["k3_kl"]
+    # scored by the policy the trainer builds for this preset: d1's estimate for the diffusion model
+    want = DiffusionPolicy if kind == "diffusion" else CausalPolicy
+    assert len(scored) == 2 and all(type(p) is want for p in scored)
+    tcfg = load_config(str(tmp_path / "tiny.yaml"))
+    model, tok, _, _ = build(tcfg)
+    assert scored[0].params == make_policy(tcfg, tok, model).params  # the preset's settings, not the doctor's
 
 
 def test_preset_scores_at_its_training_precision(tmp_path, monkeypatch):

@@ -178,7 +178,7 @@ def test_sync_tracks_trainer_updates_and_bad_inputs():
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    assert eng.sync(model) >= 0
+    eng.sync(model)
     after = eng.next_logits(PROMPTS)
     fresh = Engine(model, "fp8_e4m3_w8a8", max_len=32).next_logits(PROMPTS)
     assert not torch.allclose(before, after) and torch.equal(after, fresh)

@@ -115,7 +115,8 @@ def test_metrics_are_detached_scalars():
     _, m = grpo_loss(logp, logp.detach() + 0.3, torch.tensor([1.0, -1.0]), torch.ones(2, 3, dtype=torch.bool))
     assert {"loss", "pg_loss", "pg_clip_frac", "ratio_mean", "approx_kl", "kl_ref"} <= set(m)
     assert all(v.dim() == 0 and not v.requires_grad for v in m.values())
-    assert 0.0 < m["pg_clip_frac"] <= 1.0
+    # ratio e^-0.3 = 0.741 < 1 - 0.2 everywhere: the clipped term binds for A = -1 (-0.8 < -0.741), not for A = +1
+    assert m["pg_clip_frac"].item() == pytest.approx(0.5)
 
 
 def test_bad_arguments_are_clear_errors():

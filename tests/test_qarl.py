@@ -74,7 +74,7 @@ def test_alignment_switches_the_layers_for_a_block_and_restores_each_one():
     with alignment(model, False):
         assert torch.equal(model[:2](x), plain)  # both full precision inside
     assert (first.aligned, second.aligned) == (True, False)
-    with pytest.raises(RuntimeError), alignment(model, True):
+    with pytest.raises(RuntimeError, match="an error inside the block"), alignment(model, True):
         assert first.aligned and second.aligned
         raise RuntimeError("an error inside the block")
     assert (first.aligned, second.aligned) == (True, False)  # restored on the way out of an error too

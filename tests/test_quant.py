@@ -111,8 +111,9 @@ def test_nvfp4_fp8_block_scales_and_grid():
     q = quantize_nvfp4(w).view(4, 4, 16)
     gscale = w.abs().max() / (448 * 6)
     bs = fake_float((w.view(4, 4, 16) / gscale).abs().amax(-1, keepdim=True) / 6, "e4m3")
-    assert torch.equal(fake_float(bs, "e4m3"), bs)  # block scales are E4M3 values
-    assert set(torch.round(q / (bs * gscale) * 2).div(2).abs().flatten().tolist()) <= E2M1
+    # each block: E2M1 values of w / (its E4M3 scale x the tensor scale), times those scales, exactly
+    codes = fake_float(w.view(4, 4, 16) / gscale / bs, "e2m1")
+    assert set(codes.abs().flatten().tolist()) <= E2M1 and torch.equal(q, codes * bs * gscale)
     rel = (q.flatten() - w.flatten()).norm() / w.norm()
     assert 0.0 < rel < 0.2
 
@@ -182,8 +183,7 @@ def test_sync_weights_tracks_trainer_updates():
     trainer(x).sum().backward()
     opt.step()
     before = rollout(x)
-    seconds = sync_weights(trainer, rollout)
-    assert seconds > 0
+    sync_weights(trainer, rollout)
     after = rollout(x)
     assert not torch.allclose(before, after)
     torch.testing.assert_close(rollout.body.weight, quantize_fp8(trainer.body.weight.detach(), "e4m3", "channel"))

@@ -60,6 +60,14 @@ def test_generated_problems_are_solved_by_their_reference(name):
     assert task.problems("train", 40, seed=1)[0].question == train[0].question  # deterministic
     for p in train + test:
         assert task.reward(wrap(p.answer), p) == (1.5, True), p
+        # the reference answers are right, by a computation of their own (check alone compares with p.answer)
+        if name == "arithmetic":
+            a, op, b = re.fullmatch(r"(\d+)([-+*])(\d+)", p.question).groups()
+            assert int(p.answer) == {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op], p
+        elif name == "countdown":
+            nums, target = re.fullmatch(r"Use ([\d ]+) to make (-?\d+)", p.question).groups()
+            assert eval(p.answer) == int(target), p  # noqa: S307 - the generator's own digits and + - * ( )
+            assert sorted(map(int, re.findall(r"\d+", p.answer))) == sorted(map(int, nums.split())), p
 
 
 def test_jsonl_task_and_errors(tmp_path):
