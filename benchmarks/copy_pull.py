@@ -1,7 +1,7 @@
 """Can the trainer's gradient hold its low-precision copy close? Pull-only steps on the lab model (issue 5).
 
     OMP_NUM_THREADS=2 python benchmarks/copy_pull.py [preset=lab_columns] [quant=mxfp4_w4a4] [start=RUN:STEP]
-        [variants=ste,to_copy,grid] [lrs=2e-4,1e-3] [steps=20] [every=5] [held=4] [tag=NAME]
+        [variants=ste,to_copy,grid] [lrs=2e-4,1e-3] [steps=30] [every=5] [held=4] [tag=NAME]
 
 Within a method and seed, the MXFP4 runs of `lab_columns` that end with more rollout/trainer mismatch end worse
 (docs/ais.md section 5). Whether the mismatch is a cause needs a run that keeps the copy close to the trainer while
@@ -18,7 +18,8 @@ penalty alone, no policy gradient, resyncing the fake-quantised copy after each,
 Every `every` steps it measures, on `held` fixed batches of the copy's samples (32 prompts x 8, the trainer's batch),
 the k3 KL of the copy against the trainer, the samples' mean reward, and the trainer's mean negative log-likelihood
 of the sampled tokens (a mismatch can also vanish because both policies became near-deterministic). Writes
-benchmarks/results/copy_pull_<preset>_<quant>[_<tag>].json and its section of BENCHMARKS.md.
+benchmarks/results/copy_pull_<preset>_<quant>[_<hash>][_<tag>].json and its section of BENCHMARKS.md, the hash
+naming settings other than the defaults (a start, a smoke run), so that they never replace the published figures.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch
 from safetensors.torch import load_file
 
 from aisrl.bench.cli import command, options
-from aisrl.bench.report import machine, update_section, write_json
+from aisrl.bench.report import machine, settings_tag, update_section, write_json
 from aisrl.checkpoint import checkpoint_dir
 from aisrl.diagnostics import k3_per_token
 from aisrl.policy import CausalPolicy
@@ -46,6 +47,8 @@ from aisrl.trainer import _rollout_model, build, make_policy, problem_sets, task
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("ste", "to_copy", "grid")
+DEFAULTS = {"start": "", "variants": list(VARIANTS), "lrs": [2e-4, 1e-3], "steps": 30, "every": 5, "held": 4}
+"""The published run's settings (BENCHMARKS.md: `copy_pull.py steps=30`, when 20 was the default)."""
 
 
 @dataclass
@@ -173,7 +176,10 @@ def main(preset: str, quant: str, start: str, variants: list[str], lrs: list[flo
     out = {"preset": preset, "quant": quant, "start": start or "warm start", "steps": steps, "every": every,
            "held": held, "runs": runs, "seconds": time.perf_counter() - t0, "machine": machine(),
            "command": command(__file__)}  # fmt: skip
-    name = f"copy_pull_{preset}_{quant}" + (f"_{tag}" if tag else "")
+    settings = {"start": start, "variants": list(variants), "lrs": list(lrs), "steps": steps, "every": every,
+                "held": held}  # fmt: skip
+    digest = settings_tag({k: v for k, v in settings.items() if v != DEFAULTS[k]}, [{}])
+    name = f"copy_pull_{preset}_{quant}" + (f"_{digest}" if digest else "") + (f"_{tag}" if tag else "")
     write_json(ROOT / "benchmarks" / "results" / f"{name}.json", out)
     update_section(ROOT / "BENCHMARKS.md", name, section(out))
     return out
@@ -181,6 +187,8 @@ def main(preset: str, quant: str, start: str, variants: list[str], lrs: list[flo
 
 if __name__ == "__main__":
     _, kw = options(sys.argv[1:], ("preset", "quant", "start", "variants", "lrs", "steps", "every", "held", "tag"))
-    main(kw.get("preset", "lab_columns"), kw.get("quant", "mxfp4_w4a4"), kw.get("start", ""),
-         kw.get("variants", ",".join(VARIANTS)).split(","), [float(x) for x in kw.get("lrs", "2e-4,1e-3").split(",")],
-         int(kw.get("steps", 20)), int(kw.get("every", 5)), int(kw.get("held", 4)), kw.get("tag", ""))  # fmt: skip
+    d = DEFAULTS
+    main(kw.get("preset", "lab_columns"), kw.get("quant", "mxfp4_w4a4"), kw.get("start", d["start"]),
+         kw.get("variants", ",".join(d["variants"])).split(","),
+         [float(x) for x in kw.get("lrs", ",".join(map(str, d["lrs"]))).split(",")], int(kw.get("steps", d["steps"])),
+         int(kw.get("every", d["every"])), int(kw.get("held", d["held"])), kw.get("tag", ""))  # fmt: skip

@@ -24,7 +24,7 @@ import torch
 
 from aisrl.bench.cli import command, options
 from aisrl.bench.one_step import one_step
-from aisrl.bench.report import machine, write_json
+from aisrl.bench.report import machine, settings_tag, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,11 +64,18 @@ def main(preset: str, quant: str, seeds: list[int], below: float) -> dict:
     print("mean: " + "  ".join(f"{k} {v:.4f}" for k, v in mean.items() if v is not None))
     out = {"preset": preset, "quant": quant, "below": below, "seeds": per_seed, "mean": mean, "machine": machine(),
            "command": command(__file__)}  # fmt: skip
-    write_json(ROOT / "benchmarks" / "results" / f"first_step_gradients_{preset}_{quant}.json", out)
+    changed = {k: v for k, v in {"seeds": list(seeds), "below": below}.items() if v != DEFAULTS[k]}
+    digest = settings_tag(changed, [{}])  # the published files are the defaults' (a smoke run writes beside them)
+    name = f"first_step_gradients_{preset}_{quant}" + (f"_{digest}" if digest else "")
+    write_json(ROOT / "benchmarks" / "results" / f"{name}.json", out)
     return out
+
+
+DEFAULTS = {"seeds": [0, 1, 2, 3, 4, 5], "below": 0.5}
 
 
 if __name__ == "__main__":
     _, kw = options(sys.argv[1:], ("preset", "quant", "seeds", "below"))
     main(kw.get("preset", "lab_columns"), kw.get("quant", "mxfp4_w4a4"),
-         [int(x) for x in kw.get("seeds", "0,1,2,3,4,5").split(",")], float(kw.get("below", 0.5)))  # fmt: skip
+         [int(x) for x in kw.get("seeds", ",".join(map(str, DEFAULTS["seeds"]))).split(",")],
+         float(kw.get("below", DEFAULTS["below"])))  # fmt: skip

@@ -16,11 +16,11 @@ measured, not predicted. A kept set is then trained with `rollout.keep=[...]`.
 """
 
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from aisrl.bench.cli import command
-from aisrl.bench.report import machine, machine_line, update_section, write_json
+from aisrl.bench.report import machine, machine_line, settings_tag, update_section, write_json
 from aisrl.config import apply_overrides
 from aisrl.doctor import DoctorConfig, diagnose
 
@@ -47,12 +47,24 @@ class MixedConfig:
     training prompts (aisrl.doctor's `start`): where the mismatch sits after training has moved the policy."""
 
 
+PUBLISHED = [{},
+             {"preset": "", "model": "smollm2", "formats": ["fp8_e4m3_w8a8"], "prompts": 16, "tops": [1, 2, 4, 8, 16]},
+             {"preset": "", "formats": ["nvfp4_w4a4"], "tops": [1, 2, 4]}]  # fmt: skip
+"""BENCHMARKS.md's sections: their settings off the defaults (a run's `start` names its own)."""
+
+
 def subject(cfg: MixedConfig) -> str:
-    """Name of the results: the preset's, the model's, or the run's (study_format_method_seed_step)."""
+    """Name of the results: the preset's, the model's, or the run's (study_format_method_seed_step), with a hash of
+    the settings where they are not those of a PUBLISHED section (a smoke run, another seed)."""
     if cfg.start:
         run, _, step = cfg.start.rpartition(":")
-        return "_".join(Path(run).parts[-4:]) + f"_step{step}"
-    return Path(cfg.preset).stem if cfg.preset else Path(cfg.model).name
+        name = "_".join(Path(run).parts[-4:]) + f"_step{step}"
+    else:
+        name = Path(cfg.preset).stem if cfg.preset else Path(cfg.model).name
+    default = asdict(MixedConfig())
+    changed = {k: v for k, v in asdict(cfg).items() if v != default[k] and k != "start"}
+    digest = settings_tag(changed, PUBLISHED)
+    return f"{name}_{digest}" if digest else name
 
 
 def study(cfg: MixedConfig) -> dict:

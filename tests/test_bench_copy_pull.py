@@ -42,3 +42,20 @@ def test_an_unknown_variant_is_an_error_naming_the_valid_ones():
     cp = load_benchmark("copy_pull")
     with pytest.raises(ValueError, match=r"unknown variant\(s\) \['magic'\]; choose from \['ste', 'to_copy', 'grid'\]"):
         cp.main("lab", "mxfp4_w4a4", "", ["magic"], [1e-3], 1, 1, 1)
+
+
+def test_runs_with_other_settings_write_beside_the_published_figures(tmp_path, monkeypatch):
+    """A run from a checkpoint or a smoke run replaced the published copy_pull table; now only the published
+    settings (steps=30 from the warm start, every variant at both rates) write under its name."""
+    cp = load_benchmark("copy_pull")
+    monkeypatch.setattr(cp, "ROOT", tmp_path)
+    (tmp_path / "BENCHMARKS.md").write_text("# B\n")
+    curve = [{"step": 1, "k3": 0.1, "reward": 0.5, "nll": 1.0}]
+    monkeypatch.setattr(cp, "pull", lambda preset, quant, start, v, lr, *a: {"variant": v, "lr": lr, "curve": curve})
+    d = cp.DEFAULTS
+    cp.main("lab_columns", "mxfp4_w4a4", "", list(d["variants"]), list(d["lrs"]), 30, 5, 4)
+    cp.main("lab_columns", "mxfp4_w4a4", "runs/x/seed0:40", ["grid"], [1e-3], 30, 5, 4)
+    cp.main("lab_columns", "mxfp4_w4a4", "", ["grid"], [1e-3], 2, 1, 1)
+    names = sorted(p.stem for p in (tmp_path / "benchmarks" / "results").iterdir())
+    assert len(names) == 3 and names[0] == "copy_pull_lab_columns_mxfp4_w4a4"
+    assert all(n.startswith("copy_pull_lab_columns_mxfp4_w4a4_") for n in names[1:])

@@ -24,5 +24,17 @@ def test_kept_sets_are_the_top_of_the_ranking_and_report_their_share(tmp_path, m
         mp.study(mp.MixedConfig(model="tiny-llama"))  # the default preset and a model
     with pytest.raises(ValueError, match="one, not several or none"):
         mp.study(mp.MixedConfig(preset=""))
-    name = mp.subject(mp.MixedConfig(preset="", start="runs/s/nvfp4_w4a4/ais/seed42:100"))
+    run = "runs/s/nvfp4_w4a4/ais/seed42:100"
+    name = mp.subject(mp.MixedConfig(preset="", start=run, formats=["nvfp4_w4a4"], tops=[1, 2, 4]))
     assert name == "s_nvfp4_w4a4_ais_seed42_step100"  # the study folder, format, method, seed and step
+
+
+def test_runs_with_other_settings_never_take_a_published_name():
+    """A smoke run (fewer prompts, one top) or another seed wrote over the published table of its preset."""
+    mp = load_benchmark("mixed_precision")
+    assert mp.subject(mp.MixedConfig()) == "lab_columns"  # BENCHMARKS.md's sections keep their names
+    smollm2 = mp.MixedConfig(preset="", model="smollm2", prompts=16, formats=["fp8_e4m3_w8a8"], tops=[1, 2, 4, 8, 16])
+    assert mp.subject(smollm2) == "smollm2"
+    smoke, other_seed = mp.subject(mp.MixedConfig(prompts=8, tops=[1])), mp.subject(mp.MixedConfig(seed=3))
+    assert smoke.startswith("lab_columns_") and other_seed.startswith("lab_columns_") and smoke != other_seed
+    assert mp.subject(mp.MixedConfig(preset="", model="smollm2")) != "smollm2"

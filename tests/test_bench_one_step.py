@@ -235,3 +235,15 @@ def test_a_seed_other_than_the_runs_own_gets_its_own_results_at_a_checkpoint(tmp
         gb.main(None, "mxfp4_w4a4", None, 3, ["none", "tis"], f"{other}:80", [1, 10])
     assert not used
     gb.main(None, "mxfp4_w4a4", None, 3, ["none", "tis"], f"{run}:80", [1, 10])  # the same state: measured again
+
+
+def test_first_step_gradients_of_other_seeds_or_thresholds_write_beside_the_cited_file(tmp_path, monkeypatch):
+    """BENCHMARKS.md and docs/ais.md quote the means of seeds 0-5 at below=0.5; a one-seed run replaced them."""
+    fs = load_benchmark("first_step_gradients")
+    monkeypatch.setattr(fs, "ROOT", tmp_path)
+    monkeypatch.setattr(fs, "first_step_norm", lambda *a: {"grad_norm": 1.0, "low_frac": 0.1})
+    fs.main("lab_columns", "mxfp4_w4a4", list(fs.DEFAULTS["seeds"]), fs.DEFAULTS["below"])
+    fs.main("lab_columns", "mxfp4_w4a4", [0], 0.5)
+    fs.main("lab_columns", "mxfp4_w4a4", list(fs.DEFAULTS["seeds"]), 0.3)
+    names = sorted(p.stem for p in (tmp_path / "benchmarks" / "results").iterdir())
+    assert len(names) == 3 and names[0] == "first_step_gradients_lab_columns_mxfp4_w4a4"
