@@ -512,6 +512,7 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int, done: dict | 
         g["paired_seeds"] = sorted(int(s) for s in seeds)
         g["reward_vs_reference"] = _mean_std([_last_fifth(g["runs"][s]) - _last_fifth(ref[s]) for s in seeds])
         both = [s for s in seeds if "policy_reward" in g["runs"][s] and "policy_reward" in ref[s]]
+        g["policy_paired_seeds"] = sorted(int(s) for s in both)
         g["policy_vs_reference"] = _mean_std([g["runs"][s]["policy_reward"] - ref[s]["policy_reward"] for s in both])
     return {"config": asdict(cfg), "max_steps": max_steps, "machine": machine(), "groups": groups,
             "mixed_starts": mixed}  # fmt: skip

@@ -66,10 +66,11 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _pairs(g: dict, n: int) -> str:
-    """How many seeds the paired difference rests on, where fewer than the group's runs."""
-    k = len(g.get("paired_seeds", []))
-    paired = not g["reference"] and g.get("reward_vs_reference", (None,))[0] is not None
+def _pairs(g: dict, n: int, of: str = "reward") -> str:
+    """How many seeds the paired difference of `of` (reward: training reward; policy: the final model's) rests on,
+    where fewer than the `n` runs its row counts."""
+    k = len(g.get("paired_seeds" if of == "reward" else f"{of}_paired_seeds", []))
+    paired = not g["reference"] and g.get(f"{of}_vs_reference", (None,))[0] is not None
     return f" ({k} pairs)" if paired and k != n else ""
 
 
@@ -84,8 +85,9 @@ def final_table(result: dict) -> str:
         if g.get("policy_reward", (None,))[0] is None:
             continue
         scored = sum("policy_reward" in r for r in g["runs"].values())  # runs without scores are not counted
+        delta = _pm(g["policy_vs_reference"], 1, 3) + _pairs(g, scored, "policy")
         lines.append(f"| {_rollout(g)} | {g['method']} | {scored} "
-                     f"| {_pm(g['policy_reward'], 1, 3)} | {_pm(g['policy_vs_reference'], 1, 3)} "
+                     f"| {_pm(g['policy_reward'], 1, 3)} | {delta} "
                      f"| {_pm(g['sampler_reward'], 1, 3)} | {_pm(g['held_accuracy'])} |")  # fmt: skip
     return "\n".join(lines) if len(lines) > 2 else ""
 

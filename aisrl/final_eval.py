@@ -114,8 +114,9 @@ def _settings(checkpoint: str, digest: str, cfg, samples: int, held_samples: int
 
 def cached_scores(run_dir: str | Path, samples: int, step: int | None = None) -> dict | None:
     """The cached scores of `run_dir` if they belong to its latest checkpoint (which must be that of `step`, if
-    given: a run continued past the step a study reads has another final model) and to `samples` (no hashing:
-    for aggregation, where `evaluate_final` has just refreshed every score it could)."""
+    given: a run continued past the step a study reads has another final model), to the weights that checkpoint
+    holds now (a run retrained in place keeps the checkpoint's name) and to `samples`: for aggregation, which reads
+    runs `evaluate_final` did not refresh too (those a study's `only=` leaves out)."""
     from aisrl.checkpoint import checkpoint_dir, latest_checkpoint
 
     cache = Path(run_dir) / "final_eval.json"
@@ -126,8 +127,16 @@ def cached_scores(run_dir: str | Path, samples: int, step: int | None = None) ->
     if ckpt is None or not cache.exists() or (step is not None and ckpt.name != checkpoint_dir(run_dir, step).name):
         return None
     scores = json.loads(cache.read_text())
-    ok = scores.get("settings", {}).get("checkpoint") == ckpt.name and scores["settings"].get("samples") == samples
-    return scores if ok and current(scores) else None
+    ok = scores.get("settings", {}).get("samples") == samples
+    return scores if ok and scores_of(scores, ckpt) else None
+
+
+def scores_of(scores: dict, ckpt: Path) -> bool:
+    """Whether cached scores (a final_eval.json) are this version of the scorer's, of checkpoint `ckpt` as its
+    weights are now."""
+    settings, weights = scores.get("settings", {}), ckpt / "model.safetensors"
+    return (current(scores) and settings.get("checkpoint") == ckpt.name and weights.is_file()
+            and settings.get("weights_sha256") == _sha256(weights))  # fmt: skip
 
 
 def current(scores: dict) -> bool:

@@ -10,12 +10,12 @@ a reference). Runs of one seed that started from different weights (start.json; 
 refused. The score is the last-fifth training reward (`reward`, the default), the held-out greedy accuracy the trainer
 measured at the last step (`greedy_accuracy`; the run must evaluate at its last step), or one of the final-model scores
 `aisrl compare` writes to each run's final_eval.json (aisrl.final_eval). Only finished runs count: a run whose metrics
-stop before its last step, or that has no current final_eval.json (of its last step, made by this version of the scorer:
-aisrl.final_eval.SCORER) when one of its scores is asked for, is skipped. A method written `METHOD@DIR` is taken from
-that directory alone, so runs of one method under other training settings (a study with `rollout.keep`, say, in its own
-directory) pair with the same method without them: `methods=tis,ais,ais@runs/nv_keep`. A method written `FORMAT/METHOD`
-is taken from that rollout format instead of `format=`, so one method under two formats pairs by seed:
-`methods=ais,nvfp4_w4a4/ais`. Prints the numbers and writes benchmarks/results/paired_<format>.json
+stop before its last step, or that has no current final_eval.json (of its last step's weights as they are, made by this
+version of the scorer: aisrl.final_eval.SCORER) when one of its scores is asked for, is skipped. A method written
+`METHOD@DIR` is taken from that directory alone, so runs of one method under other training settings (a study with
+`rollout.keep`, say, in its own directory) pair with the same method without them: `methods=tis,ais,ais@runs/nv_keep`. A
+method written `FORMAT/METHOD` is taken from that rollout format instead of `format=`, so one method under two formats
+pairs by seed: `methods=ais,nvfp4_w4a4/ais`. Prints the numbers and writes benchmarks/results/paired_<format>.json
 (paired_<format>_<metric>.json for another score; paired_<tag>_<format>... with `tag=`, which keeps the results of
 another study apart). A file that holds a comparison of other folders or methods is not replaced (the docs may cite it)
 unless `overwrite=true`; an unknown option, a missing folder or a comparison with nothing paired is an error and writes
@@ -29,9 +29,9 @@ from pathlib import Path
 
 from aisrl.bench.cli import options
 from aisrl.bench.report import write_json
-from aisrl.checkpoint import same_start
+from aisrl.checkpoint import checkpoint_dir, same_start
 from aisrl.compare import per_step, run_rows
-from aisrl.final_eval import current
+from aisrl.final_eval import current, scores_of
 
 ROOT = Path(__file__).resolve().parent.parent
 METRICS = ("reward", "greedy_accuracy", "policy_reward", "sampler_reward", "held_accuracy", "held_reward")
@@ -63,6 +63,8 @@ def score(run: Path, steps: int, metric: str, rows: list[dict] | None = None) ->
         return None  # scores of an earlier checkpoint: the run went on after it was scored
     if scored != f"step_{steps:06d}":
         return None  # the final model of another step than the one the training scores are read at
+    if not scores_of(scores, checkpoint_dir(run, steps)):
+        return None  # its weights changed since (retrained in place): `aisrl compare` scores it again
     return scores.get(metric)
 
 

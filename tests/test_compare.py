@@ -1,5 +1,6 @@
 """The comparison study: a reduced real run (2 methods, 1 seed, 2 steps), resume/skip, aggregation math."""
 
+import hashlib
 import json
 import math
 import statistics
@@ -74,6 +75,17 @@ def _fake_rows(rewards, evals, start, kl):
             row["eval_accuracy"] = evals[i]
         rows.append(row)
     return rows
+
+
+def _cache(run_dir, checkpoint, scores, **settings):
+    """A final_eval.json of `checkpoint`'s weights as they are now (an empty weights file where a fake run has none)."""
+    weights = run_dir / "checkpoints" / checkpoint / "model.safetensors"
+    if not weights.exists():
+        weights.parent.mkdir(parents=True, exist_ok=True)
+        weights.write_bytes(b"")
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    settings = {"checkpoint": checkpoint, "scorer": SCORER, "weights_sha256": digest, **settings}
+    (run_dir / "final_eval.json").write_text(json.dumps({"settings": settings, **scores}))
 
 
 def _write_run(d, rows):
@@ -214,10 +226,8 @@ def test_only_current_final_scores_are_aggregated(tmp_path):
         (d / "checkpoints" / "step_000010" / "state.pt").write_bytes(b"")
         _write_run(d, _fake_rows([0.5] * 10, {10: 0.3}, 0.2, [0.1] * 10))
         if scored_step is not None:
-            settings = {"checkpoint": f"step_{scored_step:06d}", "samples": 4, "scorer": SCORER}
-            scores = {"settings": settings, "policy_reward": 0.7 + seed / 10, "sampler_reward": 0.6,
-                      "held_reward": 0.5, "held_accuracy": 0.1}  # fmt: skip
-            (d / "final_eval.json").write_text(json.dumps(scores))
+            scores = {"policy_reward": 0.7 + seed / 10, "sampler_reward": 0.6, "held_reward": 0.5, "held_accuracy": 0.1}
+            _cache(d, f"step_{scored_step:06d}", scores, samples=4)
     g = aggregate(cfg, plan(cfg), max_steps=10)["groups"]["mxfp4/tis"]
     assert "policy_reward" in g["runs"]["0"] and "policy_reward" not in g["runs"]["1"]
     assert g["policy_reward"] == (0.7, None)  # seed 0 alone; seeds 1 (stale) and 2 (unscored) left out
@@ -226,6 +236,9 @@ def test_only_current_final_scores_are_aggregated(tmp_path):
     assert aggregate(other, plan(other), max_steps=10)["groups"]["mxfp4/tis"]["policy_reward"] == (None, None)
     mixed = CompareConfig(**{**cfg.__dict__, "train": ["rollout.keep=[model.layers.0.*]"]})  # mixed precision is named
     assert "| mxfp4 keeping model.layers.0.* | tis | 1 |" in final_table(aggregate(mixed, plan(mixed), max_steps=10))
+    # a run retrained in place keeps its checkpoint's name, not its weights: the cache is not of this model
+    (Run("mxfp4", "tis", 0).path(tmp_path) / "checkpoints" / "step_000010" / "model.safetensors").write_bytes(b"new")
+    assert aggregate(cfg, plan(cfg), max_steps=10)["groups"]["mxfp4/tis"]["policy_reward"] == (None, None)
 
 
 def test_a_run_whose_scoring_fails_is_left_out_not_shown_with_an_earlier_cache(tmp_path, monkeypatch):
@@ -236,8 +249,7 @@ def test_a_run_whose_scoring_fails_is_left_out_not_shown_with_an_earlier_cache(t
     for name in ("model.safetensors", "state.pt"):
         (d / "checkpoints" / "step_000010" / name).parent.mkdir(exist_ok=True)
         (d / "checkpoints" / "step_000010" / name).write_bytes(b"")
-    settings = {"checkpoint": "step_000010", "samples": 4, "scorer": SCORER}  # an earlier scoring's cache
-    (d / "final_eval.json").write_text(json.dumps({"settings": settings, "policy_reward": 0.7}))
+    _cache(d, "step_000010", {"policy_reward": 0.7}, samples=4)  # an earlier scoring's cache
     assert aggregate(cfg, plan(cfg), max_steps=10)["groups"]["mxfp4/tis"]["policy_reward"] == (0.7, None)
 
     def fails(*a, **k):
@@ -472,20 +484,19 @@ def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch)
     assert out["vs_full_precision"]["fmt2/tis"]["seeds"] == [1]
     assert abs(out["pairs"]["fmt2/tis-tis"]["mean"] - 0.1) < 1e-12
     # a final-model score instead: only runs that have a final_eval.json (of the model at `steps`) count
-    scored = lambda v, at=10: {"settings": {"checkpoint": f"step_{at:06d}", "scorer": SCORER},  # noqa: E731
-                               "policy_reward": v}  # fmt: skip
     for d, kind, seed, score in (("a", "reference", 0, 0.8), ("b", "reference", 1, 0.7), ("a", "fmt/tis", 0, 0.75),
                                  ("b", "fmt/tis", 1, 0.72), ("b", "fmt/tis", 2, 0.1)):  # fmt: skip
-        (tmp_path / d / kind / f"seed{seed}" / "final_eval.json").write_text(json.dumps(scored(score)))
+        _cache(tmp_path / d / kind / f"seed{seed}", "step_000010", {"policy_reward": score})
     out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["none", "tis"], 10, "policy_reward", overwrite=True)
     tis = out["vs_full_precision"]["tis"]  # seed 2's tis run is unfinished, so its score does not count
     assert tis["seeds"] == [0, 1] and abs(tis["mean"] - (-0.05 + 0.02) / 2) < 1e-12
     assert out["vs_full_precision"]["none"]["n"] == 0 and out["metric"] == "policy_reward"
     assert (tmp_path / "benchmarks/results/paired_fmt_policy_reward.json").exists()
     stale = tmp_path / "b" / "fmt/tis" / "seed1"  # trained on after it was scored: its score no longer counts
-    (stale / "checkpoints").mkdir()
     (stale / "checkpoints" / "latest").write_text("step_000010")
-    old_scores = {"settings": {"checkpoint": "step_000008", "scorer": SCORER}, "policy_reward": 0.72}
+    _cache(stale, "step_000010", {})
+    old_scores = json.loads((stale / "final_eval.json").read_text())
+    old_scores["settings"]["checkpoint"], old_scores["policy_reward"] = "step_000008", 0.72
     (stale / "final_eval.json").write_text(json.dumps(old_scores))
     out = mod.main([tmp_path / "a", tmp_path / "b"], "fmt", ["tis"], steps=10, metric="policy_reward", overwrite=True)
     assert out["vs_full_precision"]["tis"]["seeds"] == [0] and out["vs_full_precision"]["tis"]["std"] is None
@@ -494,6 +505,8 @@ def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch)
         old_scores["settings"]["scorer"] = scorer
         (stale / "final_eval.json").write_text(json.dumps(old_scores))
         assert mod.score(stale, 10, "policy_reward") == expected
+    (stale / "checkpoints" / "step_000010" / "model.safetensors").write_bytes(b"retrained in place")
+    assert mod.score(stale, 10, "policy_reward") is None  # the weights scored are not there any more
     # the held-out greedy accuracy of the last step; a run that did not evaluate there does not count
     for d, kind, seed, acc in (("a", "reference", 0, 0.5), ("b", "reference", 1, 0.4), ("a", "fmt/none", 0, 0.45),
                                ("b", "fmt/none", 1, None)):  # fmt: skip
@@ -520,8 +533,7 @@ def test_paired_seeds_reads_every_score_of_a_seed_from_one_run_and_protects_publ
         p.mkdir(parents=True)
         (p / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "reward": reward}) + "\n" for i in (1, 2)))
         if scored:
-            settings = {"checkpoint": scored, "scorer": SCORER}
-            (p / "final_eval.json").write_text(json.dumps({"settings": settings, "held_accuracy": held}))
+            _cache(p, scored, {"held_accuracy": held})
 
     run("ref", "reference", 0, 0.5, "step_000002", 0.5)
     run("guarded", "fmt/tis", 0, 0.4)  # finished, never scored: its seed has no held accuracy...
@@ -727,3 +739,15 @@ def test_a_stopped_study_stops_the_runs_it_started_and_shares_the_cores_it_may_u
     assert len(started) == 2 and all(p.poll() is not None for p in started)  # before: left running
     assert logs[-2:] == ["stopped r0", "stopped r1"]
     assert {e["OMP_NUM_THREADS"] for e in envs} == {"8"}  # 16 cores over the 2 runs there are, not over jobs=8
+
+
+def test_the_final_table_says_how_many_pairs_a_paired_difference_rests_on():
+    """A reference whose final scoring failed leaves its seed out of the final model's Δ but not out of the row's
+    seed count: the row says on how many pairs its Δ rests, as the training table does."""
+    runs = {"0": {"policy_reward": 0.7}, "1": {"policy_reward": 0.8}, "2": {"policy_reward": 0.7}}
+    group = {"reference": False, "format": "mxfp4", "method": "tis", "runs": runs, "policy_reward": (0.733, 0.06),
+             "policy_vs_reference": (-0.04, 0.01), "policy_paired_seeds": [0, 2], "sampler_reward": (0.6, 0.0),
+             "held_accuracy": (0.1, 0.0)}  # fmt: skip
+    assert "| -0.040 ± 0.010 (2 pairs) |" in final_table({"groups": {"mxfp4/tis": group}})
+    group["policy_paired_seeds"] = [0, 1, 2]
+    assert "| -0.040 ± 0.010 |" in final_table({"groups": {"mxfp4/tis": group}})
