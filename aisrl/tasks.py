@@ -9,8 +9,8 @@ d1 (Zhao et al. 2025) and the AIS paper's GRPO setup:
 
 so rewards lie in {0, 0.5, 1.0, 1.5}; `accuracy` counts correctness only. Procedural tasks are generated
 from a seed and never download anything. Train and held-out problems never overlap: a problem's split is
-decided by a hash of its text, or of what identifies it where several texts state one problem (`Task.split_key`:
-Countdown's numbers in any order), 1 in 8 held out, so the two splits are disjoint by construction.
+decided by a hash of its text, or of what it is a case of (`Task.split_key`: Countdown's numbers in any order,
+Sudoku4's solution grid), 1 in 8 held out, so the two splits are disjoint by construction.
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ class Task:
         raise NotImplementedError
 
     def split_key(self, problem: Problem) -> str:
-        """What decides a problem's split and its distinctness: its text, unless several texts state one problem."""
+        """What decides a problem's split (and, unless distinct_key says otherwise, its distinctness): its text, unless
+        several texts state one problem."""
         return problem.question
 
     def distinct_key(self, problem: Problem) -> str:
@@ -259,9 +260,11 @@ class Sudoku4(Task):
     """4x4 Sudoku: fill the 0s of a 16-digit grid; the answer is the 16 digits row by row.
 
     A puzzle is one of the 288 valid grids, drawn uniformly, with `holes` cells blanked. The splits are made by
-    grid, not by puzzle: a test puzzle's solution is never a training answer, so held-out accuracy measures
-    solving, not recall of a memorised grid. (Before v2 of the diffusion lab's warm start, puzzles came from 96
-    grids and were split by puzzle text, and every test solution was also a training answer.)"""
+    grid, not by puzzle: the grid a held-out puzzle was cut from is never a training answer. Any valid grid that
+    keeps the givens is a right answer, though, and with many holes a puzzle has several: at 10 holes 35 of the
+    lab's 80 held-out puzzles (seed 1) can also be completed with a training grid, so held-out accuracy still
+    rewards some recall. (Before, puzzles came from 96 grids and were split by puzzle text: every held-out
+    puzzle's own grid was a training answer too.)"""
 
     name = "sudoku4"
 

@@ -12,7 +12,8 @@ per seed four times (aisrl.bench.one_step) and reads the gradient norm (clipping
 - `rest`: weight 1 on the others.
 The loss keeps its denominator (every token stays in the mask), so g_none = g_low + g_rest exactly, and the three
 norms give the angle between the two parts. Held-out evaluations are skipped (this measures gradients only).
-Writes benchmarks/results/first_step_gradients_<preset>_<quant>.json.
+Writes benchmarks/results/first_step_gradients_<preset>_<quant>.json (with `_<hash>` for seeds or a threshold other
+than the defaults, which the published files hold).
 """
 
 import math

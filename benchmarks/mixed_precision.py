@@ -5,7 +5,7 @@ alone is kept in full precision (aisrl.doctor.layer_sensitivity, on the samples 
 measure, on completions each mixed copy samples itself, the rollout/trainer mismatch of copies that keep the top
 1, 2, 4, ... layers of that ranking, against the share of the quantisable weights (and GEMM FLOPs per token) they
 keep. Writes benchmarks/results/mixed_precision_<preset>.json and the `mixed_precision_<preset>` section of
-BENCHMARKS.md.
+BENCHMARKS.md (`<preset>_<hash>` for settings other than a published section's: a smoke run, another seed).
 
     python benchmarks/mixed_precision.py [preset=lab_columns "formats=[nvfp4_w4a4,mxfp4_w4a4]" "tops=[1,2,4,8]"]
     python benchmarks/mixed_precision.py preset= model=smollm2 prompts=16
