@@ -26,6 +26,7 @@ code (SCORER), is scored again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import statistics
@@ -59,6 +60,14 @@ def _rewards(policy, model, task, tok, encode, problems: list, samples: int, kv_
 
 
 def _sha256(path: Path) -> str:
+    """The file's SHA-256, computed once for each version of it (path, size and modification time): scoring and the
+    aggregation after it both check a checkpoint's weights."""
+    st = Path(path).stat()
+    return _sha256_of(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 24), b""):  # streamed: a large checkpoint never sits in memory

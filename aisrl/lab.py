@@ -143,9 +143,12 @@ def lab_task(cfg: LabConfig, lenient: bool = False):
 
 
 def _cache_dir(cfg, kind: str = "lab") -> Path:
+    from aisrl.tasks import TASKS
+
     fields = asdict(cfg)
-    if fields.get("lab", fields).get("task") == "sudoku4":  # its problems changed (split by grid): a new warm start
-        fields["sudoku4_split"] = "grid"
+    version = getattr(TASKS.get(fields.get("lab", fields).get("task")), "problems_version", 1)
+    if version != 1:  # the task's problems changed since its first warm starts: a new one (earlier keys stay valid)
+        fields["problems_version"] = version
     key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
     root = Path(os.environ.get("AISRL_CACHE", Path.home() / ".cache" / "aisrl"))
     return root / kind / key

@@ -70,6 +70,9 @@ class Task:
 
     name = "task"
     lenient = False
+    problems_version = 1
+    """Raised when a task's problem sets change (its generator or its split), so that cached warm starts trained on
+    the old ones are not reused."""
 
     @classmethod
     def accepts(cls, **options) -> dict:
@@ -267,6 +270,7 @@ class Sudoku4(Task):
     puzzle's own grid was a training answer too.)"""
 
     name = "sudoku4"
+    problems_version = 2  # 2: all 288 grids, split by grid
 
     def __init__(self, holes: int = 6):
         if not 0 <= holes <= 16:
