@@ -169,11 +169,29 @@ def reference_format(cfg: CompareConfig) -> str:
     return "bf16_w16a16" if gpu and not static else "none"  # the static engine's 'none' is BF16 on a GPU
 
 
+def _recorded_static_on_gpu(cfg: CompareConfig) -> tuple[bool, bool] | None:
+    """`_static_on_gpu` as the first reference run that recorded its start trained (its config and the machine of
+    its start.json: 'auto' trained on a GPU where that machine had one), or None before any did."""
+    from aisrl.checkpoint import read_record
+
+    for recorded in sorted((Path(cfg.out) / REFERENCE).glob("seed*/start.json")):
+        config = recorded.with_name("config.json")
+        if not config.exists():
+            continue
+        run, start = read_record(config), read_record(recorded)
+        device = str(run.get("device", "auto"))
+        gpu = device.startswith("cuda") or (device == "auto" and bool(start.get("machine", {}).get("cuda")))
+        return gpu, run.get("rollout", {}).get("engine") == "static"
+    return None
+
+
 def reference_label(cfg: CompareConfig, fmt: str) -> str:
-    """How tables and figures name the reference rollouts."""
+    """How tables and figures name the reference rollouts: by how its runs trained where any did (a study trained on a
+    GPU and aggregated on a CPU keeps its label), else by how they will."""
     if fmt != "none":
         return f"{fmt} (reference)"
-    return "BF16 (static engine)" if all(_static_on_gpu(cfg)) else "full precision"
+    gpu_static = _recorded_static_on_gpu(cfg) or _static_on_gpu(cfg)
+    return "BF16 (static engine)" if all(gpu_static) else "full precision"
 
 
 def plan(cfg: CompareConfig) -> list[Run]:

@@ -429,6 +429,28 @@ def test_the_reference_rolls_out_at_full_precision_on_a_cpu_and_in_bf16_on_a_gpu
     assert _rollout({"format": "bf16_w16a16", "reference": False}) == "bf16_w16a16"  # compared as a format
 
 
+def test_the_reference_label_follows_where_its_runs_trained(monkeypatch, tmp_path):
+    import torch
+
+    import aisrl.train_config as tc
+
+    static = ["rollout.engine=static"]
+    cfg = CompareConfig(methods=["tis"], formats=["int4"], seeds=[0], out=str(tmp_path), train=static)
+    monkeypatch.setattr(tc, "resolve_device", lambda name: torch.device("cpu"))  # aggregated on a CPU
+    assert reference_label(cfg, "none") == "full precision"  # nothing trained yet: by where it would train
+    run = tmp_path / "reference" / "seed0"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"device": "auto", "rollout": {"quant": "none", "engine": "static"}}))
+    (run / "start.json").write_text(json.dumps({"weights": "0", "machine": {"cuda": "NVIDIA H100"}}))
+    assert reference_label(cfg, "none") == "BF16 (static engine)"  # its runs trained on a GPU's static engine
+    (run / "start.json").write_text(json.dumps({"weights": "0", "machine": {"cuda": None}}))
+    assert reference_label(cfg, "none") == "full precision"  # trained on a CPU
+    monkeypatch.setattr(tc, "resolve_device", lambda name: torch.device("cuda"))  # and aggregated on a GPU
+    assert reference_label(cfg, "none") == "full precision"
+    (run / "config.json").write_text(json.dumps({"device": "cuda:0", "rollout": {"quant": "none", "engine": "hf"}}))
+    assert reference_label(cfg, "none") == "full precision"  # the HF sampler's 'none' on a GPU is FP32
+
+
 def test_recipes_become_training_overrides():
     cfg = CompareConfig(methods=["qarl", "solrl", "ais"], formats=["mxfp4_w4a4"], seeds=[1], reference=False)
     qarl, solrl, ais = plan(cfg)
