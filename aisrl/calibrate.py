@@ -159,10 +159,11 @@ def check_mixable(candidates: list[str], options: Callable[[str], dict]) -> None
     """Raise ValueError unless every candidate reweights every token (the mix rule's condition): a mixture of token
     weights is the same mixture of gradients only where the candidates keep the same tokens, since the loss divides
     by the number kept. options(name): that correction's keyword options. The probe is a batch with log-ratios from
-    -4 to 4 in one sequence, of which a token-rejecting correction drops some, and sequences of log-ratio +3 and -3
-    throughout, which a sequence-rejecting one (seq_mask, geo_mask, k1_reject) drops."""
-    old = torch.stack([torch.linspace(-4, 4, 17), torch.full((17,), 3.0), torch.full((17,), -3.0)])  # (3, 17)
-    mask = torch.ones(3, 17, dtype=torch.bool)
+    -40 to 40 in one sequence, of which a token-rejecting correction drops some (however wide its band: a veto at
+    w < 1e-4 drops a log-ratio below -9.2), and sequences of log-ratio +3 and -3 throughout, which a
+    sequence-rejecting one (seq_mask, geo_mask, k1_reject) drops."""
+    old = torch.stack([torch.linspace(-40, 40, 161), torch.full((161,), 3.0), torch.full((161,), -3.0)])  # (3, 161)
+    mask = torch.ones(3, 161, dtype=torch.bool)
     with local_only():  # a probe of this process's: no collective
         rejecting = [c for c in candidates if not correct(c, old, torch.zeros_like(old), mask, **options(c)).mask.all()]
     if rejecting:
@@ -204,7 +205,7 @@ def end_point_weights(
     for name in candidates:
         d = low(correct(name, old_logp, rollout_logp, mask, **options(name))).double() - reference.double()  # (P,)
         dist[name] = torch.nan_to_num(d.pow(2).sum() / ref2.clamp(min=1e-30), nan=float("inf"))  # NaN never picked
-        diffs.append(d.float())
+        diffs.append(d.float().cpu())  # a window of them stays in host memory, whatever device low() ran on
     metrics = {f"calib_dist_{n}": d.float() for n, d in dist.items()}
     metrics["calib_ref_norm"] = ref2.sqrt().float()
     record = {k: v.item() for k, v in metrics.items()}

@@ -337,15 +337,20 @@ def check_options(name: str, **options) -> None:
         correct(name, one, one, torch.ones(1, 1, dtype=torch.bool), **options)
 
 
-def restrict(res: CorrectionResult, keep: torch.Tensor) -> CorrectionResult:
+def restrict(res: CorrectionResult, keep: torch.Tensor, *, normalize: bool = False) -> CorrectionResult:
     """The result with only the tokens in `keep` (N, T) left in the loss (a veto, a guard applied after the
-    correction); the mask fractions and the applied-weight statistics are recomputed on the final mask."""
+    correction); the mask fractions and the applied-weight statistics are recomputed on the final mask. normalize:
+    the result was made with normalize=True, and its weights are divided again by their mean over the tokens left,
+    which then average 1 as that option promises."""
     if tuple(keep.shape) != tuple(res.mask.shape):  # broadcasting would drop columns where rows were meant
         raise ValueError(f"keep must be an (N, T) mask of the result's shape {tuple(res.mask.shape)}; got "
                          f"{tuple(keep.shape)} (per sequence: keep[:, None].expand_as(res.mask))")  # fmt: skip
     mask = res.mask & keep.to(res.mask.device).bool()
     weights = torch.where(mask, res.weights, 0.0)  # (N, T)
-    n_keep, n_seq_keep = all_sum(_s(mask.double()), mask.any(-1).sum(dtype=torch.float64))
+    n_keep, n_seq_keep, s = all_sum(_s(mask.double()), mask.any(-1).sum(dtype=torch.float64), _s(weights.double()))
+    if normalize:
+        mean = _div(s, n_keep)
+        weights = torch.where(mean > 0, weights / mean.clamp(min=1e-30).float(), weights)
     n, n_seq = res.metrics["num_tokens"].double(), res.metrics["num_seqs"].double()
     metrics = dict(res.metrics)
     metrics["mask_frac_token"] = _div(n - n_keep, n)
@@ -355,6 +360,8 @@ def restrict(res: CorrectionResult, keep: torch.Tensor) -> CorrectionResult:
 
 
 def ais_weights(old_logp, rollout_logp, mask, cap: float = 2.0, **options):
-    """`w, metrics = ais_weights(...)`: the AIS weights and their metrics in one call."""
+    """`w, metrics = ais_weights(...)`: the AIS weights and their metrics in one call. A token the trainer cannot
+    score (a NaN or infinite log-prob) gets weight 0 but stays in `mask`; a loss whose mean should not count it takes
+    its mask from `correct("ais", ...)`, which returns it."""
     res = correct("ais", old_logp, rollout_logp, mask, cap=cap, **options)
     return res.weights, res.metrics

@@ -106,6 +106,11 @@ def error_tokens(
     min_run: int = 4,
 ) -> torch.Tensor:
     """(N, T) bool: tokens inside a periodic loop or a run of large rollout/trainer log-ratios."""
+    shapes = {"ids": tuple(ids.shape), "mask": tuple(mask.shape)}
+    if log_ratio is not None:
+        shapes["log_ratio"] = tuple(log_ratio.shape)
+    if ids.dim() != 2 or len(set(shapes.values())) > 1:  # broadcasting would flag the wrong tokens without a word
+        raise ValueError(f"error_tokens needs (N, T) ids, mask and log_ratio of one shape; got {shapes}")
     mask = mask.bool()
     n, t = ids.shape
     flags = torch.zeros_like(mask)

@@ -331,7 +331,7 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
                                      **correction_options(cfg, prev_alpha, name)) for name in picked}, picked)
         (n_err,) = all_sum(errors.sum().double())
         res.metrics["error_token_frac"] = n_err / res.metrics["num_tokens"].clamp(min=1)
-        res = res if keep is None else restrict(res, keep)
+        res = res if keep is None else restrict(res, keep, normalize=bool(cfg.correction.options.get("normalize")))
         alpha = res.metrics["alpha"].item() if "alpha" in res.metrics else None
         measured_batch = res.metrics["num_tokens"].item() > 0  # no token the trainer could score: nothing measured
         tripped = guard.tripped(res.metrics["k3_kl"].item() if measured_batch else float("nan"))
@@ -456,7 +456,7 @@ def _full_precision_gradient(cfg: TrainConfig, model, ref, policy, task, tok, ba
 def _gradient(cfg: TrainConfig, model, ref, r, old_logp, adv, res, score, policy, keep=None) -> torch.Tensor:
     """(P,) the flat gradient one update pass of this batch would take (on the tokens in `keep` (N, T), if given),
     left out of the model's .grad."""
-    res = res if keep is None else restrict(res, keep)
+    res = res if keep is None else restrict(res, keep, normalize=bool(cfg.correction.options.get("normalize")))
     model.zero_grad(set_to_none=True)
     accumulate_gradient(cfg, model, ref, r, old_logp, adv, res, score, policy.order(r))
     g = flat_grad(model)

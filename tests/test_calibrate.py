@@ -225,6 +225,13 @@ def test_candidates_and_settings_are_checked_before_anything_is_built():
         with pytest.raises(ValueError, match=rf"\['{seq_level}'\] reject tokens"):
             check_mixable(["tis", seq_level], lambda name: {})
     check_mixable(["tis", "ais", "seq_tis"], lambda name: {})  # reweighting only
+    # however wide a band or threshold: a veto drops sequences only at w < 1e-4 (before: passed the probe's +-4)
+    with pytest.raises(ValueError, match=r"\['veto'\] reject tokens"):
+        check_mixable(["tis", "veto"], lambda name: {})
+    with pytest.raises(ValueError, match=r"\['tis'\] reject tokens"):  # the veto option, on any correction
+        check_mixable(["tis"], lambda name: {"veto": 1e-6})
+    with pytest.raises(ValueError, match=r"\['icepop'\] reject tokens"):
+        check_mixable(["icepop"], lambda name: {"low": 1e-5, "high": 1e5})
     # a rejecting correction may still be chosen whole, by the other rules
     validate(load_config("lab", ["correction.calibrate_every=2", "correction.candidates=[tis,icepop]",
                                  "correction.calibrate_rule=pooled"]))  # fmt: skip

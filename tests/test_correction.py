@@ -416,6 +416,15 @@ def test_restrict_recomputes_what_the_loss_keeps(batch):
     with pytest.raises(ValueError, match=r"keep must be an \(N, T\) mask .*per sequence: keep\[:, None\]"):
         restrict(res, keep[:, 0])
     assert torch.equal(restrict(res, keep.float()).mask, out.mask)  # a 0/1 float mask reads as one
+    # a normalized result keeps its promise on the tokens left: weights averaging 1 (before: the mean of the
+    # correction's own mask, here 1.16 once the first sequence left)
+    normed = correct("tis", *batch, cap=3.0, normalize=True)
+    kept = restrict(normed, keep, normalize=True)
+    close(kept.weights[kept.mask].mean(), 1.0)
+    close(kept.metrics["weight_mean"], 1.0)
+    ratio = (kept.weights[1:][kept.mask[1:]] / res.weights[1:][res.mask[1:]]).tolist()
+    assert max(ratio) - min(ratio) < 1e-5  # one scale for every token: the correction's weights, renormalized
+    assert torch.equal(restrict(normed, torch.zeros_like(keep), normalize=True).weights, torch.zeros_like(res.weights))
 
 
 def test_seq_max_rejection_of_an_empty_batch():

@@ -100,6 +100,9 @@ def test_error_tokens_flag_loops_and_ratio_runs_only():
     # on the device of its inputs (the meta device: no data, shapes and devices only)
     meta = error_tokens(ids.to("meta"), mask.to("meta"), log_ratio.to("meta"), min_loop=12, min_run=4)
     assert meta.device.type == "meta" and meta.shape == (3, t)
+    # a per-sequence log-ratio would broadcast over the tokens and flag whole rows: refused, naming the shapes
+    with pytest.raises(ValueError, match=r"one shape; got .*'log_ratio': \(3, 1\)"):
+        error_tokens(ids, mask, torch.full((3, 1), 2.5))
 
 
 def test_the_kl_reference_of_an_aligned_run_is_aligned_too(tmp_path, monkeypatch):
