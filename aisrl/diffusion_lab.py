@@ -4,9 +4,9 @@ Same idea as `aisrl.lab` for causal models: the character tokenizer (plus one [M
 vocabulary), solver traces of a procedural task (4x4 Sudoku by default), and a supervised warm start of a
 fixed number of steps (`LabConfig.sft_steps`; the loop is `aisrl.lab.run_sft`), cached on disk by configuration.
 The warm start is LLaDA's masked-token objective: the completion is padded with EOS to gen_length, a time
-t ~ U(0, 1] per sequence masks each completion token with probability t, and the loss is the cross-entropy of
-the masked tokens weighted by 1/t, averaged over completion positions (an upper bound on the negative
-log-likelihood).
+t ~ U(0, 1) per sequence, raised to at least 1e-3 (1/t weights a tiny t's few masked tokens without bound), masks each
+completion token with probability t, and the loss is the cross-entropy of the masked tokens weighted by 1/t,
+averaged over completion positions (an upper bound on the negative log-likelihood).
 """
 
 from __future__ import annotations

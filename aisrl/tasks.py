@@ -132,6 +132,12 @@ _NUMBER = r"(?<![\d.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
 another (`.5` is no 5)."""
 _WORDED_NUMBER = re.compile(rf"(?:[A-Za-z ,.:;'%$]*[ ,.:;'%$])?({_NUMBER})(?:[ ,.:;'%$][A-Za-z ,.:;'%$]*)?")
 """One number among plain words and punctuation: `18 dollars`, `It is 18.`, `$1,000`."""
+_VALUE_WORDS = re.compile(r"\b(?:not|no|never|minus|negative|plus|hundreds?|thousands?|millions?|billions?|trillions?|"
+                          r"k|half|halves|thirds?|quarters?|double|twice|triple|thrice|squared|cubed|square|cube|root|"
+                          r"times|percent|dozens?|less|more|fewer|over|under|above|below|than|about|around|almost|"
+                          r"nearly|roughly|approximately|divided|multiplied|except)\b", re.IGNORECASE)  # fmt: skip
+"""Words that change a number's value or deny it (`5 thousand`, `not 18`, `half of 10`): a worded answer holding one is
+not read as its bare number."""
 
 
 def _int_or_none(s: str) -> int | None:
@@ -414,7 +420,7 @@ class JsonlMath(Task):
         if answer.strip() == problem.answer.strip():
             return True
         worded = _WORDED_NUMBER.fullmatch(answer.strip())
-        if worded and re.fullmatch(_NUMBER, problem.answer.strip()):
+        if worded and not _VALUE_WORDS.search(answer) and re.fullmatch(_NUMBER, problem.answer.strip()):
             answer = worded.group(1).replace(",", "")
         try:
             from math_verify import parse, verify
@@ -436,8 +442,9 @@ class ReasoningGym(Task):
     come from code, as ours do; an answer counts as correct when the generator's own `score_answer` gives it
     full marks (some generators give partial credit, which counts as wrong here). Many of those scorers evaluate
     the answer (eval, sympy), so an answer that reads as Python code (`__`, `import`, `os`, ...) or runs past
-    MAX_GYM_ANSWER characters scores 0 without reaching them, and one with a power operator is scored in a child
-    process killed after 5 seconds."""
+    MAX_GYM_ANSWER characters scores 0 without reaching them; one that could take long to evaluate (a power, a
+    factorial, a function call, an exponent of three digits or more) is scored in a child process killed after 5
+    seconds; and a scorer that raises on an answer (many do on ill-formed text) gives it no credit."""
 
     name = "reasoning_gym"
 
@@ -489,21 +496,27 @@ class ReasoningGym(Task):
 
     def check(self, answer, problem):
         # Many generators score with eval / sympy's parse_expr on the answer: model text must not reach them as code
-        # (`__import__('os')...`), nor as a power tower that never finishes (`9**9**9**9`, uninterruptible in C).
+        # (`__import__('os')...`), nor as arithmetic that never finishes (`9**9**9**9`, `9999999!`, `1e99999999`:
+        # uninterruptible in C).
         # The generator's own answer is its text, not the model's: a word list holding `open` or `input` is scored.
         own = answer.strip() == problem.answer.strip()
         if not own and (len(answer) > MAX_GYM_ANSWER or _CODE_LIKE.search(answer)):
             return False
-        if _POWER.search(answer):  # rare in answers: scored in a child process that is killed after the limit
+        if _SLOW.search(answer):  # rare in answers: scored in a child process that is killed after the limit
             return _score_in_child(self._scorer.score_answer, answer, problem.meta["entry"]) >= 1.0
-        return self._scorer.score_answer(answer, problem.meta["entry"]) >= 1.0
+        try:
+            return self._scorer.score_answer(answer, problem.meta["entry"]) >= 1.0
+        except Exception:  # noqa: BLE001 - prime_factorization's int() on '2 x 3', say: a wrong answer, not a crash
+            return False
 
 
 MAX_GYM_ANSWER = 2000
 """Longest reasoning-gym answer handed to a generator's scorer (characters); longer ones score 0."""
 _CODE_LIKE = re.compile(r"__|\b(?:import|lambda|exec|eval|compile|open|globals|locals|getattr|setattr|delattr|vars|"
                         r"breakpoint|input|os|sys|subprocess|builtins)\b")  # fmt: skip
-_POWER = re.compile(r"\*\*|\^|\bpow\b")
+_SLOW = re.compile(r"\*\*|\^|!|\bpow\b|[A-Za-z_]\w*\s*\(|\d\s*[eE]\s*[+-]?\s*\d{3,}")
+"""What may take a scorer's evaluation (Python's, sympy's) long: powers, factorials, function calls (factorial(n),
+gamma(n)), exponents of three digits or more."""
 
 
 def _score_in_child(score, answer: str, entry: dict, timeout: float = 5.0) -> float:

@@ -282,6 +282,24 @@ def test_reasoning_gym_answers_never_reach_a_scorer_as_code_or_as_an_endless_pow
     assert _score_in_child(lambda a, e: os._exit(3), "2**3", {}) == 0.0  # died without an answer (was EOFError)
 
 
+def test_reasoning_gym_answers_that_may_evaluate_for_ever_or_raise_give_no_credit(monkeypatch):
+    pytest.importorskip("reasoning_gym")
+    import aisrl.tasks as tasks
+
+    task = make_task("reasoning_gym", generator="countdown")
+    p = task.problems("train", 1, seed=0)[0]
+    sent = []
+    monkeypatch.setattr(tasks, "_score_in_child", lambda score, answer, entry: sent.append(answer) or 0.0)
+    # each of these ran in the trainer's process for minutes (sympy evaluates them); now in a child killed in 5 s
+    slow = ["9999999!", "factorial(9999999)", "gamma (9999999)", "1e99999999", "2 E+999", "9**9**9", "9^9^9"]
+    assert not any(task.check(a, p) for a in slow) and sent == slow
+    assert task.check(p.answer, p) and not task.check("1e99", p) and sent == slow  # plain answers stay in-process
+    # a scorer that raises on ill-formed text scores it 0 (before: the ValueError ended the run)
+    factors = make_task("reasoning_gym", generator="prime_factorization")
+    q = factors.problems("train", 1, seed=0)[0]
+    assert factors.reward(wrap("2 x 3"), q) == (0.5, False) and factors.check(q.answer, q)
+
+
 def test_text_outside_the_blocks_gets_no_format_points():
     from aisrl.tasks import extract_answer
 
@@ -308,7 +326,11 @@ def test_a_numeric_answer_among_plain_words_is_that_number():
                                 ("-18", "It is -18", True), ("18", "17 dollars", False), ("18", "18 and 19", False),
                                 ("18", "18x", False), ("x+1", "x + 1", symbolic), ("71", "7,1", False),
                                 ("123", "1,2,3", False), ("1234", "1,234", True), ("5", ".5", False),
-                                ("50", "$.50", False), ("0.5", ".5", symbolic)]:  # fmt: skip
+                                ("50", "$.50", False), ("0.5", ".5", symbolic), ("18", "The answer is 18 cm.", True),
+                                # words that change the value or deny it (before: each read as the bare number)
+                                ("5", "5 thousand", False), ("5", "5 Million", False), ("5", "negative 5", False),
+                                ("5", "minus 5", False), ("18", "not 18", False), ("10", "half of 10", False),
+                                ("3", "3 squared", False), ("18", "about 18", False)]:  # fmt: skip
         assert task.check(answer, Problem("q", gold)) is right, (gold, answer)
 
 
