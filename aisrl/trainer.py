@@ -347,8 +347,9 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
             end_point = picked
             if record is not None and measured(record):  # an unmeasured one leaves its place to those that measured
                 past.append(record)
-        if cfg.correction.calibrate_every:  # the candidate of largest weight, and every weight
-            main = cfg.correction.candidates.index(max(end_point, key=end_point.get))
+        if cfg.correction.calibrate_every:  # the candidate of largest weight (NaN: a resumed pick among none), weights
+            top = max(end_point, key=end_point.get)
+            main = cfg.correction.candidates.index(top) if top in cfg.correction.candidates else float("nan")
             calibration["end_point"] = torch.tensor(float(main))
             calibration.update({f"end_weight_{n}": torch.tensor(end_point.get(n, 0.0))
                                 for n in cfg.correction.candidates})  # fmt: skip

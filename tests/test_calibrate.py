@@ -2,6 +2,7 @@
 schedule, logs what it measured, trains with the pick and resumes with it."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -379,6 +380,27 @@ def test_a_tripped_step_neither_changes_the_pick_nor_enters_the_calibration_wind
     assert [c["calib_ref_norm"] for c in kept] == [r[1]["calib_ref_norm"]]  # step 2's, not the undone step 3's
     assert r[1]["calib_ref_norm"] != r[2]["calib_ref_norm"]
     assert r[2]["end_point"] == r[1]["end_point"]  # the pick of step 2 carries on past the undone step
+
+
+def test_a_tripped_step_of_a_run_resumed_with_other_candidates_logs_its_end_point(tmp_path, monkeypatch):
+    # The checkpoint's end point (AIS, trained without calibration) is none of the resumed run's candidates, and the
+    # step that calibrates trips the guard, so that end point stays (before: ValueError, 'ais' is not in list)
+    from aisrl.update import MismatchGuard
+
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    real, calls = MismatchGuard.tripped, []
+    trips = lambda self, k3: calls.append(k3) or real(self, k3) or len(calls) == 3  # noqa: E731
+    monkeypatch.setattr(MismatchGuard, "tripped", trips)
+    out, base = tmp_path / "run", [*TINY_LAB, "rollout.quant=fp8_e4m3_w8a8", "correction.name=ais"]
+    base.append("correction.guard=4")
+    train(load_config("lab", [*base, "max_steps=2", f"output_dir={out}"]), log=lambda _: None)
+    (out / "config.json").unlink()  # continued under new settings, as a branch does
+    train(load_config("lab", [*base, "max_steps=3", f"output_dir={out}", "correction.calibrate_every=2"]),
+          log=lambda _: None)  # fmt: skip
+    last = rows(out)[2]
+    assert last["guard_rollback"] == 1.0 and "calib_dist_tis" in last
+    assert last["end_point"] is None or math.isnan(last["end_point"])  # none of the candidates
+    assert [last[f"end_weight_{n}"] for n in ("tis", "prefix_tis", "seq_tis")] == [0.0, 0.0, 0.0]
 
 
 def test_calibration_noise_reads_the_calibrations_a_checkpoint_keeps(tmp_path):
