@@ -91,9 +91,11 @@ class DoctorConfig:
     """Also rank each format's quantised linear layers by the mismatch left when that layer alone is put back in full
     precision (the candidates for `keep`): one scoring pass of the samples per layer."""
     start: str = ""
-    """RUN:STEP: examine a training run's policy at a checkpoint (its recorded settings, its weights at STEP) instead
-    of a preset's initial model, e.g. runs/x/nvfp4_w4a4/ais/seed42:100. How the mismatch spreads over the layers
-    changes as training moves the policy (BENCHMARKS.md section 3)."""
+    """RUN:STEP: examine a training run's policy at a checkpoint (its recorded model, task and sampling settings, its
+    weights at STEP) instead of a preset's initial model, e.g. runs/x/nvfp4_w4a4/ais/seed42:100. How the mismatch
+    spreads over the layers changes as training moves the policy (BENCHMARKS.md section 3). The formats are `formats`
+    with the doctor's `keep`, not the run's rollout settings: a run's rollout.keep is given again as keep=[...], and
+    QaRL's alignment (rollout.align) is not applied."""
 
 
 def _prompt_ids(cfg: DoctorConfig, tok) -> list[list[int]]:

@@ -449,6 +449,9 @@ def validate(cfg: TrainConfig) -> None:
                 "eval_problems", "train_problems"):  # fmt: skip
         if getattr(cfg, key) < 1:
             raise ValueError(f"config key {key!r} must be >= 1, got {getattr(cfg, key)}")
+    if cfg.train_problems < cfg.prompts_per_step:  # known before the model (and a lab's warm start) is built
+        raise ValueError(f"train_problems={cfg.train_problems} is fewer than prompts_per_step={cfg.prompts_per_step}: "
+                         "a step draws that many distinct training prompts; raise train_problems")  # fmt: skip
     for key, ok, what in (("lr", cfg.lr > 0, "> 0"), ("warmup_steps", cfg.warmup_steps >= 0, ">= 0"),
                           ("clip_low", 0 <= cfg.clip_low < 1, "in [0, 1) (the ratio's lower bound is 1 - clip_low)"),
                           ("clip_high", cfg.clip_high >= 0, ">= 0"), ("kl_coef", cfg.kl_coef >= 0, ">= 0"),

@@ -144,7 +144,8 @@ def make_policy(cfg: TrainConfig, tok, model=None):
 
 def problem_sets(cfg: TrainConfig, task) -> tuple[list, list]:
     """(training pool, held-out set) of a run: fixed by its seed, so every consumer sees the same problems. A
-    dataset file gives what it holds: fewer than asked is said, since the held-out accuracy is then over fewer."""
+    dataset file gives what it holds: fewer than asked is said, since the held-out accuracy is then over fewer, and
+    fewer training problems than a step's prompts, or no held-out one, is an error."""
     pool = task.problems("train", cfg.train_problems, seed=cfg.seed)
     held = task.problems("test", cfg.eval_problems, seed=cfg.seed + 1)
     for split, key, got, asked in (("training", "train_problems", pool, cfg.train_problems),
@@ -152,6 +153,9 @@ def problem_sets(cfg: TrainConfig, task) -> tuple[list, list]:
         if 0 < len(got) < asked:
             warnings.warn(f"the task gives {len(got)} {split} problems where {key}={asked} asked for more (a dataset "
                           f"holds what it holds); set {key}={len(got)} to say so", stacklevel=2)  # fmt: skip
+    if len(pool) < cfg.prompts_per_step or not held:
+        raise ValueError(f"the task gives {len(pool)} training and {len(held)} held-out problems; need at least "
+                         f"prompts_per_step={cfg.prompts_per_step} and one held-out problem")  # fmt: skip
     return pool, held
 
 
@@ -232,10 +236,6 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
         shard = {"rank": rank, "world": world}  # every rank decodes its share
         return {f"eval_accuracy{suffix}": evaluate(model, tok, task, encode, held, policy, **shard),
                 f"fit_accuracy{suffix}": evaluate(model, tok, task, encode, fit, policy, **shard)}  # fmt: skip
-
-    if len(pool) < cfg.prompts_per_step or not held:
-        raise ValueError(f"the task gives {len(pool)} training and {len(held)} held-out problems; need at least "
-                         f"prompts_per_step={cfg.prompts_per_step} and one held-out problem")  # fmt: skip
 
     start, prev_alpha, guard_state, end_point, past = 0, None, {}, {cfg.correction.name: 1.0}, []  # a new run's
     ckpt = latest_checkpoint(out)

@@ -290,9 +290,28 @@ def test_unknown_preset_lists_the_presets(capsys, tmp_path):
     assert "bad.yaml is not valid YAML" in err and "Traceback" not in err
 
 
-def test_small_pool_and_non_positive_settings_fail_clearly(capsys):
+def test_small_pool_and_non_positive_settings_fail_clearly(capsys, monkeypatch):
+    import aisrl.trainer
+
+    # refused by validation, before the model (a lab's warm start: minutes) is built
+    monkeypatch.setattr(aisrl.trainer, "build", lambda cfg: pytest.fail("built a model for a config it refuses"))
     assert main(["train", "lab", *TINY, "train_problems=2"]) == 2
-    assert "need at least prompts_per_step=4" in capsys.readouterr().err
+    assert "train_problems=2 is fewer than prompts_per_step=4" in capsys.readouterr().err
+    monkeypatch.undo()
+    # a dataset holds what it holds: fewer training problems than a step's prompts is found when they are read
+    from aisrl.tasks import Problem
+    from aisrl.trainer import problem_sets
+
+    class Small:
+        def problems(self, split, n, seed=0):
+            return [Problem(f"{split} {i}", "1") for i in range(min(n, 2 if split == "train" else 1))]
+
+    cfg = load_config("lab", [*TINY, "eval_problems=1"])
+    fewer = pytest.warns(UserWarning, match="the task gives 2 training problems")
+    with fewer, pytest.raises(ValueError, match="gives 2 training and 1 held-out problems; need at least prompts_per"):
+        problem_sets(cfg, Small())
+    cfg.prompts_per_step, cfg.train_problems, cfg.eval_problems = 2, 2, 1
+    assert [len(s) for s in problem_sets(cfg, Small())] == [2, 1]
     assert main(["train", "lab", *TINY, "eval_every=0"]) == 2
     assert "config key 'eval_every' must be >= 1" in capsys.readouterr().err
 
