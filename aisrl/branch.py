@@ -108,6 +108,8 @@ def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
     saved_weights(run, cfg.step, resumable=True)  # a step without a whole checkpoint: the error lists the saved ones
     if cfg.jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {cfg.jobs}")
+    if not 0 < cfg.fall <= 1:
+        raise ValueError(f"fall must be an accuracy drop in (0, 1] (0.08 = 8 points), got {cfg.fall}")
     if not cfg.salts or len(set(cfg.salts)) != len(cfg.salts):
         raise ValueError(f"salts must be distinct and at least one, got {cfg.salts}")
     for key in ("sample_salt", "output_dir"):
@@ -220,6 +222,6 @@ def table(result: dict) -> str:
         k3 = "-" if r["k3_kl_mean"] is None else f"{r['k3_kl_mean']:.4f} / {r['k3_kl_max']:.4f}"
         lines.append(f"| {salt} | {pct(r['eval_start'])} | {pct(r['eval_end'])} | {pct(r['eval_change'])} | "
                      f"{pct(r['accuracy'])} | {k3} |")  # fmt: skip
-    lines.append(f"\n{result['fell']} of {result['scored']} branches fell by {100 * result['config']['fall']:.0f} "
+    lines.append(f"\n{result['fell']} of {result['scored']} branches fell by {100 * result['config']['fall']:g} "
                  f"points or more; mean change {pct(result['eval_change_mean'])} points")  # fmt: skip
     return "\n".join(lines)

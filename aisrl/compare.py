@@ -219,6 +219,11 @@ def plan(cfg: CompareConfig) -> list[Run]:
                          f"and '_' only, e.g. section=compare_mxfp4_keep8")  # fmt: skip
     if cfg.jobs < 0:
         raise ValueError(f"jobs must be >= 0 (runs trained at a time; 0 trains nothing and aggregates), got {cfg.jobs}")
+    for key, ok, what in (("collapse_fraction", 0 < cfg.collapse_fraction <= 1, "a fraction in (0, 1]"),
+                          ("fall", 0 < cfg.fall <= 1, "an accuracy drop in (0, 1] (0.08 = 8 points)"),
+                          ("final_samples", cfg.final_samples >= 0, ">= 0 (0 skips the final-model scores)")):
+        if not ok:
+            raise ValueError(f"{key} must be {what}, got {getattr(cfg, key)}")  # fmt: skip
     for key in ("seeds", "methods", "formats"):
         values = getattr(cfg, key)
         if len(set(values)) != len(values):
@@ -248,16 +253,18 @@ def per_step(rows: list[dict]) -> list[dict]:
     return [by_step.get(s, {"step": s}) for s in range(1, (rows[-1]["step"] if rows else 0) + 1)]
 
 
-def _check_runs(runs: list[Run], cfg: CompareConfig) -> None:
-    """Raise, before anything trains, if a run's settings cannot train (naming its group), or if its recorded
-    config (its first start's) differs from what this invocation would train."""
+def _check_runs(runs: list[Run], cfg: CompareConfig, to_train: list[Run]) -> None:
+    """Raise, before anything trains, if a run of `to_train` cannot train with its settings (naming its group), or if
+    a run's recorded config (its first start's) differs from what this invocation would train. Only the runs to train
+    must be able to train here: a study trained on a GPU aggregates on a CPU."""
     from aisrl.checkpoint import config_changes
     from aisrl.train_config import TrainConfig, load_config, validate
 
     for run in runs:
         tc = load_config(cfg.preset, run.overrides(cfg))
         try:
-            validate(tc)
+            if run in to_train:
+                validate(tc)
         except ValueError as e:
             raise ValueError(f"{run.group} cannot train with these settings: {e}") from e
         path = run.path(cfg.out) / "config.json"
@@ -293,8 +300,8 @@ def run_study(cfg: CompareConfig, log=print) -> dict:
 
     runs = plan(cfg)
     base = load_config(cfg.preset, cfg.train)  # validates the shared overrides once
-    _check_runs(runs, cfg)
     todo = [r for r in runs if (not cfg.only or r.group in cfg.only) and not finished(r.path(cfg.out), base.max_steps)]
+    _check_runs(runs, cfg, todo if cfg.jobs > 0 else [])
     if cfg.jobs > 0 and todo:
         log(f"compare: {len(todo)} of {len(runs)} runs to do, {cfg.jobs} at a time, in {cfg.out}")
         if base.model.name == "lab":  # build the cached warm start once, before runs race to build it
@@ -306,7 +313,7 @@ def run_study(cfg: CompareConfig, log=print) -> dict:
     unscored = set()
     if cfg.final_samples > 0:
         scored = [r for r in runs if (not cfg.only or r.group in cfg.only) and done[r] is not None]
-        unscored = _evaluate_finals(cfg, scored, log)
+        unscored = _evaluate_finals(cfg, scored, log, base.max_steps)
     result = aggregate(cfg, runs, base.max_steps, done, unscored)
     from aisrl.bench.report import write_json
 
@@ -397,9 +404,10 @@ def _train_loop(pending: list, active: dict, failed: list, jobs: int, env: dict,
                 log(f"{label} failed (exit {proc.returncode}), see its train.log")
 
 
-def _evaluate_finals(cfg: CompareConfig, done: list[Run], log) -> set[Run]:
+def _evaluate_finals(cfg: CompareConfig, done: list[Run], log, max_steps: int) -> set[Run]:
     """Score the final model of every run in `done` (finished ones; cached per run, so a re-run only scores new
-    runs); returns the runs that could not be scored (an earlier cache of theirs does not count either)."""
+    runs); returns the runs that could not be scored (an earlier cache of theirs does not count either). A run whose
+    latest checkpoint is past `max_steps` (continued further) is not scored: its final model is not the study's."""
     from aisrl.final_eval import evaluate_final, supported
     from aisrl.train_config import load_config
 
@@ -408,6 +416,11 @@ def _evaluate_finals(cfg: CompareConfig, done: list[Run], log) -> set[Run]:
         return set()
     failed = set()
     for i, run in enumerate(done, 1):
+        if latest_step(run.path(cfg.out)) != max_steps:
+            log(f"compare: {run.group} seed {run.seed} went on past step {max_steps} (latest checkpoint: step "
+                f"{latest_step(run.path(cfg.out))}); its final-model scores stay empty")  # fmt: skip
+            failed.add(run)
+            continue
         if i == 1 or i % 10 == 0:
             log(f"compare: scoring final models, {i}/{len(done)}")
         try:

@@ -166,7 +166,7 @@ def publish(cfg: CompareConfig, result: dict, root: str | Path = ".") -> None:
     name = cfg.section or ("compare" if stem == "lab" else f"compare_{stem}")
     write_json(root / f"benchmarks/results/{name}.json", result)
     plot(result, root / f"benchmarks/results/{name}.png")
-    argv = [a for a in sys.argv[1:] if not a.startswith(("jobs=", "publish="))]  # how it ran, not how it was shown
+    argv = [a for a in sys.argv[1:] if not a.startswith(("jobs=", "publish=", "only="))]  # the study, not how it ran
     args = " ".join(shlex.quote(a) for a in argv) if argv[:1] == ["compare"] else ""
     command = f"aisrl {args}" if args else f"aisrl compare {cfg.preset} (see benchmarks/results/{name}.json)"
     body = (f"Command: `{command}`  \nMachine: {machine_line(result['machine'])}; "

@@ -109,6 +109,7 @@ def test_bad_branches_are_refused_before_training(run, tmp_path, capsys):
     cfgs = branch_configs(BranchConfig(run=str(run), step=2, preset="lab", train=TINY))
     assert [c.sample_salt for _, c, _ in cfgs] == [1, 2, 3] and cfgs[0][2][0] == "lab"
     assert "jobs must be >= 1" in err(jobs=0, preset="lab")
+    assert "fall must be an accuracy drop in (0, 1] (0.08 = 8 points), got 8" in err(fall=8, preset="lab")
     assert main(["branch", f"run={run}", "step=5"]) == 2 and "complete ones at steps" in capsys.readouterr().err
     # a checkpoint without its state.pt (a partial copy): refused, not copied into a branch that cannot resume
     broken = tmp_path / "broken"

@@ -4,6 +4,7 @@ import hashlib
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 from conftest import TINY_LAB, load_benchmark
@@ -262,6 +263,34 @@ def test_a_run_whose_scoring_fails_is_left_out_not_shown_with_an_earlier_cache(t
     assert g["policy_reward"] == (None, None) and "policy_reward" not in g["runs"]["0"]  # as the log says
 
 
+def test_a_study_trained_elsewhere_aggregates_here_and_scores_only_the_studys_final_models(tmp_path, monkeypatch):
+    # trained on a GPU (device=cuda), aggregated on this CPU with jobs=0: only runs to train must train here
+    cfg = CompareConfig(methods=["tis"], formats=["mxfp4"], seeds=[0, 1], reference=False, out=str(tmp_path), jobs=0,
+                        final_samples=4, train=["max_steps=10", "device=cuda:7"])  # fmt: skip
+    _write_run(Run("mxfp4", "tis", 0).path(tmp_path), _fake_rows([0.5] * 10, {10: 0.3}, 0.2, [0.1] * 10))
+    _write_run(Run("mxfp4", "tis", 1).path(tmp_path), _fake_rows([0.5] * 20, {20: 0.3}, 0.2, [0.1] * 20))
+    scored, logs = [], []
+    monkeypatch.setattr("aisrl.final_eval.evaluate_final", lambda run, *a, **k: scored.append(Path(run).name) or {})
+    g = run_study(cfg, log=logs.append)["groups"]["mxfp4/tis"]  # before: "device 'cuda:7' asked for, but ..."
+    assert sorted(g["runs"]) == ["0", "1"]
+    # seed 1 went on to step 20: its final model is not the study's, and scoring it (for nothing) is skipped
+    assert scored == ["seed0"] and any("seed 1 went on past step 10 (latest checkpoint: step 20)" in m for m in logs)
+    cfg.jobs = 1  # a run left to train must be able to train here
+    _write_run(Run("mxfp4", "tis", 0).path(tmp_path), _fake_rows([0.5] * 9, {}, 0.2, [0.1] * 9))
+    with pytest.raises(ValueError, match="mxfp4/tis cannot train with these settings: device 'cuda:7'"):
+        run_study(cfg, log=logs.append)
+
+
+def test_the_published_command_is_the_whole_study(tmp_path, monkeypatch):
+    cfg = CompareConfig(methods=["none"], formats=["int4"], seeds=[0], reference=False, out=str(tmp_path / "s"))
+    _write_run(Run("int4", "none", 0).path(cfg.out), _fake_rows([0.2], {1: 0.3}, 0.25, [0.01]))
+    (tmp_path / "BENCHMARKS.md").write_text("# Benchmarks\n")
+    argv = ["aisrl", "compare", "lab", "methods=[none]", "only=[int4/none]", "jobs=2", "publish=true"]
+    monkeypatch.setattr("sys.argv", argv)  # published from the last piece of a study run group by group
+    publish(cfg, aggregate(cfg, plan(cfg), max_steps=1), root=tmp_path)
+    assert "Command: `aisrl compare lab 'methods=[none]'`" in (tmp_path / "BENCHMARKS.md").read_text()
+
+
 def test_publish_writes_results_and_benchmarks_section(tmp_path):
     cfg = CompareConfig(methods=["none"], formats=["int4"], seeds=[0], reference=False, out=str(tmp_path / "s"))
     _write_run(Run("int4", "none", 0).path(cfg.out), _fake_rows([0.2], {1: 0.3}, 0.25, [0.01]))
@@ -297,6 +326,10 @@ def test_publish_writes_results_and_benchmarks_section(tmp_path):
         ({"seeds": [0, 1, 0]}, r"seeds lists \[0\] more than once"),
         ({"methods": ["tis", "tis"]}, r"methods lists \[.tis.\] more than once"),
         ({"jobs": -1}, "jobs must be >= 0"),
+        ({"fall": 0.0}, "fall must be an accuracy drop in"),  # before: every run fell
+        ({"fall": 8.0}, "fall must be an accuracy drop in .* got 8.0"),  # before: none ever would (800 points)
+        ({"collapse_fraction": 1.5}, "collapse_fraction must be a fraction in"),
+        ({"final_samples": -3}, "final_samples must be >= 0"),
         ({"section": "../BENCHMARKS"}, "section='../BENCHMARKS' names a file"),
         ({"train": ["seed=3"]}, "seed is set per run by the study; choose it with seeds="),
         ({"train": ["output_dir=runs/x"]}, "output_dir is set per run by the study; choose it with out="),
@@ -392,7 +425,7 @@ def test_final_scores_are_skipped_where_unsupported(tmp_path, monkeypatch, train
     monkeypatch.setattr(fe, "evaluate_final", must_not_run)
     cfg = CompareConfig(methods=["none"], formats=["int4"], seeds=[0], out=str(tmp_path), jobs=0, train=train)
     logs = []
-    compare._evaluate_finals(cfg, plan(cfg), logs.append)  # every run given as finished
+    compare._evaluate_finals(cfg, plan(cfg), logs.append, 10)  # every run given as finished
     assert logs == ["compare: final-model scores need full-parameter causal runs (no LoRA, no diffusion); skipped"]
 
 
