@@ -56,7 +56,8 @@ def _train(args) -> int:
     held = [f"{a:.1%} at step {step}" for step, a in s["eval_accuracy"]]
     if s.get("eval_accuracy_start") is not None:
         held.insert(0, f"{s['eval_accuracy_start']:.1%} at the start")
-    print(f"reward: first fifth {s['reward_first_fifth']:.3f} -> last fifth {s['reward_last_fifth']:.3f}; "
+    first, last = (("-" if s[k] is None else f"{s[k]:.3f}") for k in ("reward_first_fifth", "reward_last_fifth"))
+    print(f"reward: first fifth {first} -> last fifth {last}; "
           f"held-out greedy accuracy {', '.join(held) or 'not measured'}")  # fmt: skip
     print(f"report: {s['report']}  metrics: {cfg.output_dir}/metrics.jsonl  summary: {cfg.output_dir}/summary.json")
     return 0
@@ -83,9 +84,19 @@ def _compare(args) -> int:
 def _study_args(args, config_cls) -> tuple[list[str], list[str]]:
     """Split `[PRESET] key=value ...` into the study's own keys (fields of config_cls) and training overrides."""
     import dataclasses
+    import difflib
+
+    from aisrl.train_config import TrainConfig
 
     items = _preset_and_overrides(args)[1]
     own = {f.name for f in dataclasses.fields(config_cls)}
+    training = {f.name for f in dataclasses.fields(TrainConfig)}
+    for item in items:  # a misspelt study key would otherwise be refused as a training key, the study's unnamed
+        key = item.split("=", 1)[0].strip()
+        close = difflib.get_close_matches(key, own, n=1)
+        if key not in own and key.split(".")[0] not in training and close:
+            raise ValueError(f"unknown key {key!r}: neither a key of the study nor a training key; did you mean "
+                             f"{close[0]!r}? The study's keys: {sorted(own)}")  # fmt: skip
     return [o for o in items if o.split("=", 1)[0] in own], [o for o in items if o.split("=", 1)[0] not in own]
 
 
@@ -153,10 +164,11 @@ def _is_override(arg: str) -> bool:
     branch's folder may hold '=' in its name) is a preset, and so is anything whose part before '=' is not a dotted
     key (`runs/x=1/c.yaml`). A value that names a file (`dataset=d.json`) leaves an override an override."""
     import re
-    from pathlib import Path
+
+    from aisrl.config import is_file
 
     key = arg.split("=", 1)[0]
-    return "=" in arg and not Path(arg).is_file() and re.fullmatch(r"[A-Za-z_][\w.]*", key) is not None
+    return "=" in arg and not is_file(arg) and re.fullmatch(r"[A-Za-z_][\w.]*", key) is not None
 
 
 def _preset_and_overrides(args) -> tuple[str | None, list[str]]:

@@ -217,6 +217,8 @@ def plan(cfg: CompareConfig) -> list[Run]:
     if cfg.section and not re.fullmatch(r"[A-Za-z0-9_]+", cfg.section):
         raise ValueError(f"section={cfg.section!r} names a file and a BENCHMARKS.md section: use letters, digits "
                          f"and '_' only, e.g. section=compare_mxfp4_keep8")  # fmt: skip
+    if any(len(part.encode()) > 255 for part in Path(cfg.out).parts):
+        raise ValueError(f"out={cfg.out[:60]}...: a name in it is past the 255 bytes a file system takes")
     if cfg.jobs < 0:
         raise ValueError(f"jobs must be >= 0 (runs trained at a time; 0 trains nothing and aggregates), got {cfg.jobs}")
     for key, ok, what in (("collapse_fraction", 0 < cfg.collapse_fraction <= 1, "a fraction in (0, 1]"),

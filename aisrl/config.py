@@ -14,6 +14,7 @@ import math
 import re
 import types
 import typing
+from pathlib import Path
 
 
 def _parse(text: str):
@@ -39,7 +40,9 @@ def _check(key: str, value, typ):
     origin, args = typing.get_origin(typ), typing.get_args(typ)
     if origin is list:
         if not isinstance(value, (list, tuple)):
-            raise ValueError(f"config key {key!r} expects a list, got {value!r}")
+            split = isinstance(value, str) and value.startswith("[") and not value.endswith("]")
+            hint = f"; a space split it from the rest: quote the whole argument, \"{key}=[a, b]\"" if split else ""
+            raise ValueError(f"config key {key!r} expects a list, got {value!r}{hint}")
         return [_check(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)] if args else list(value)
     if origin is dict or typ is dict:
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
@@ -65,14 +68,26 @@ def _check(key: str, value, typ):
             return None
         raise ValueError(f"config key {key!r} expects None, got {value!r}")
     if typ is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not math.isfinite(value):  # YAML's .inf / .nan, or 1e999 on the command line: no setting means that
-            raise ValueError(f"config key {key!r} must be a finite number, got {value}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer of hundreds of digits
+            number = math.inf
+        if not math.isfinite(number):  # YAML's .inf / .nan, or 1e999 on the command line: no setting means that
+            raise ValueError(f"config key {key!r} must be a finite number, got {str(value)[:40]}")
+        return number
     if typ in (int, str, bool) and type(value) is typ:
         return value
     if dataclasses.is_dataclass(typ):
         raise ValueError(f"config key {key!r} is a section; set its fields as {key}.<field>=...")
     raise ValueError(f"config key {key!r} expects {getattr(typ, '__name__', typ)}, got {value!r}")
+
+
+def is_file(path) -> bool:
+    """Path(path).is_file(), False for a name no file system holds (a part past 255 bytes raises OSError)."""
+    try:
+        return Path(path).is_file()
+    except OSError:
+        return False
 
 
 def check_like_default(what: str, key: str, value, default) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from aisrl.calibrate import RULES, check_candidates, check_mixable
-from aisrl.config import apply_mapping, apply_overrides
+from aisrl.config import apply_mapping, apply_overrides, is_file
 from aisrl.correction import CORRECTIONS, check_options, options_of
 from aisrl.lab import LabConfig, check_lab
 from aisrl.losses import AGGREGATIONS, LOSSES
@@ -262,12 +262,12 @@ def load_config(preset: str | None = None, overrides: list[str] | None = None) -
         path = Path(preset)
         if not path.suffix:
             path = PRESET_DIR / f"{preset}.yaml"
-        if not path.is_file():
+        if not is_file(path):
             names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
             run = Path(preset) / "config.json"
             hint = f"; {preset} is a run's folder: pass output_dir={preset}, or {run} as the preset"
-            raise ValueError(f"unknown preset {preset!r}: not a YAML file and not one of {names}"
-                             f"{hint if run.is_file() else ''}")  # fmt: skip
+            raise ValueError(f"unknown preset {preset[:80]!r}: not a YAML file and not one of {names}"
+                             f"{hint if is_file(run) else ''}")  # fmt: skip
         data = _read_preset(path)
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a preset must be a mapping of config keys")

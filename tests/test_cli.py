@@ -100,6 +100,29 @@ def test_help_lists_every_key_with_its_default_and_documentation(command, shown,
     assert e.value.code == 0 and all(s in out for s in shown), out[-2000:]
 
 
+def test_study_arguments_that_went_wrong_say_how(capsys):
+    assert main(["compare", "method=[tis]"]) == 2  # a misspelt study key, not only "not a training key"
+    assert "unknown key 'method': neither a key of the study nor a training key; did you mean 'methods'?" in (
+        capsys.readouterr().err)  # fmt: skip
+    assert main(["branch", "run=r", "step=1", "salt=[1]"]) == 2
+    assert "did you mean 'salts'?" in capsys.readouterr().err
+    assert main(["compare", "methods=[none,", "tis]"]) == 2  # the shell split an unquoted list at its space
+    assert 'a space split it from the rest: quote the whole argument, "methods=[a, b]"' in capsys.readouterr().err
+    long = "x" * 400
+    assert main(["train", long]) == 2 and f"unknown preset '{long[:80]}'" in capsys.readouterr().err  # was OSError
+    assert main(["compare", f"out={long}"]) == 2  # an override too long to be a file name is still an override
+    assert "a name in it is past the 255 bytes a file system takes" in capsys.readouterr().err  # was OSError
+
+
+def test_train_prints_a_summary_with_nothing_measured(monkeypatch, capsys, tmp_path):
+    from aisrl.report import summarize
+
+    # a finished run whose metrics.jsonl was removed trains nothing: an empty summary (before: TypeError on None)
+    monkeypatch.setattr("aisrl.trainer.train", lambda cfg: {**summarize([]), "report": "r.png"})
+    assert main(["train", "lab", f"output_dir={tmp_path}"]) == 0
+    assert "reward: first fifth - -> last fifth -; held-out greedy accuracy not measured" in capsys.readouterr().out
+
+
 def test_branch_adds_bare_training_keys_to_a_train_list(monkeypatch):
     seen = {}
     monkeypatch.setattr("aisrl.branch.run_branches", lambda cfg: seen.setdefault("cfg", cfg) and {})

@@ -225,5 +225,7 @@ def test_a_yaml_nan_is_refused_as_on_the_command_line(tmp_path):
             load_config(str(preset), [])
     with pytest.raises(ValueError, match="config key 'kl_coef' must be a finite number, got inf"):
         load_config("lab", ["kl_coef=1e999"])  # a number literal_eval reads as inf
+    with pytest.raises(ValueError, match="config key 'kl_coef' must be a finite number, got 1000000"):
+        load_config("lab", ["kl_coef=1" + "0" * 400])  # an integer past float's range (before: OverflowError)
     preset.write_text("lr: 1e-3\n")  # YAML 1.1 leaves this a string: still read as the number
     assert load_config(str(preset), []).lr == 1e-3
