@@ -36,7 +36,7 @@ from aisrl.engine_ops import E4M3_MAX, STAGES, CompiledStage, Linear, prefill_at
 from aisrl.kernels import decode_attention, kernel_supports, triton_available
 from aisrl.lora import merged_state
 from aisrl.quant import PRESETS, QuantConfig, amax_scale, check_keep, is_kept, quant_config
-from aisrl.rollout import Rollout, SamplingParams, _positions, device_of, eos_list, left_pad
+from aisrl.rollout import Rollout, SamplingParams, _positions, check_pad_id, device_of, eos_list, left_pad
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -357,6 +357,7 @@ class Engine:
         eos_id = self.eos_id if eos_id is None else eos_id
         if params.stop:
             raise ValueError("Engine stops at EOS tokens only; drop the stop strings or use aisrl.rollout.generate")
+        check_pad_id(pad_id, self.small["embed"].shape[0])
         ids, pmask = left_pad(prompts, pad_id)
         B, P = ids.shape
         T = params.max_new_tokens

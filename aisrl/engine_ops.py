@@ -25,6 +25,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from aisrl.quant import amax_scale
 from aisrl.rollout import SamplingParams, inverse_cdf, process_logits
 
 E4M3_MAX = 448.0
@@ -34,8 +35,7 @@ _M32 = 0xFFFFFFFF
 def fp8_rows(x: torch.Tensor, per_tensor: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(M, K) -> FP8 E4M3 values (M, K) and FP32 scales (M, 1) = amax / 448 per row (or one shared amax)."""
     amax = (x.abs().amax() if per_tensor else x.abs().amax(-1)).float().expand(x.shape[0])[:, None]  # (M, 1)
-    s = amax / E4M3_MAX
-    s = torch.where(s > 0, s, torch.ones_like(s))  # an all-zero row or an underflowing scale: its values round to 0
+    s = amax_scale(amax, E4M3_MAX)  # 1 where all-zero or underflowing; a NaN or inf amax stays so, as in fake-quant
     return (x.float() / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), s
 
 

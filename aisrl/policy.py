@@ -46,7 +46,7 @@ class CausalPolicy:
         return length_order(r.prompt_mask, r.completion_mask)
 
     def greedy(self, model, prompts: list[list[int]]) -> Rollout:
-        greedy = SamplingParams(self.params.max_new_tokens, greedy=True)
+        greedy = SamplingParams(self.params.max_new_tokens, greedy=True, stop=self.params.stop)  # ends as rollouts do
         return generate(model, prompts, greedy, tokenizer=self.tokenizer, pad_id=self.pad_id, eos_id=self.eos_id)
 
 

@@ -102,9 +102,11 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
 
 def inverse_cdf(logp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """(B, V) processed log-probs and (B,) uniforms in (0, 1) -> (B,) sampled ids: the first token whose
-    cumulative probability reaches u (a zero-probability token is never returned)."""
+    cumulative probability reaches u (a zero-probability token is never returned). A u of exactly 0, which torch.rand
+    returns once in 2^24 draws, is read as 2^-25, below its smallest positive draw: at 0 the first token, whatever its
+    probability, would reach it."""
     cdf = _cumsum(logp.exp())  # (B, V), non-decreasing: the count of entries below the target is the first index
-    target = (u * cdf[:, -1])[:, None]  # (B, 1)
+    target = (u.clamp(min=2.0**-25) * cdf[:, -1])[:, None]  # (B, 1)
     # reaching it: on CUDA a fusable count that graphs capture; on the CPU the same index by binary search (its
     # cumsum accumulates in FP64, so cdf is exactly monotone there)
     tok = (cdf < target).sum(-1) if cdf.is_cuda else torch.searchsorted(cdf, target).squeeze(-1)
@@ -115,6 +117,14 @@ def inverse_cdf(logp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 @torch.compiler.disable  # inductor (torch 2.11, CUDA) fails to generate a 150k-wide scan: keep it one eager kernel
 def _cumsum(x: torch.Tensor) -> torch.Tensor:
     return x.cumsum_(-1)  # in place on a temporary: one (B, V) buffer fewer to allocate every step
+
+
+def check_pad_id(pad_id: int, vocab: int) -> None:
+    """Padding is looked up in the embedding like any token (then masked): a pad id outside [0, vocab), a tokenizer's
+    pad token added without resizing the model, would fail as an IndexError deep in the forward pass."""
+    if not 0 <= pad_id < vocab:
+        raise ValueError(f"pad_id {pad_id} is outside this model's vocabulary [0, {vocab}): padding goes through the "
+                         "embedding too; pass a pad_id inside it (the EOS id, say) or resize the model's embeddings")
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,6 +218,7 @@ def generate(
     if params.stop and tokenizer is None:
         raise ValueError("stop strings need the tokenizer: generate(..., tokenizer=tok)")
     device = device_of(model)
+    check_pad_id(pad_id, model.get_input_embeddings().num_embeddings)
     ids, pmask = left_pad(prompts, pad_id)
     B = len(prompts)
     seeds = list(range(B)) if seeds is None else list(seeds)

@@ -97,6 +97,16 @@ def test_fp8_linear_is_the_fake_quant_layer():
         for rows in (5, 700):  # decode sizes (prepacked FP32 copies of the FP8 values) and prefill sizes
             x = torch.randn(rows, 64) * 3
             torch.testing.assert_close(ours(x), FakeQuantLinear(lin, cfg)(x), atol=1e-5, rtol=1e-5)
+    # a NaN weight under a per-tensor scale: every output NaN, as the fake-quant layer (before: the scale fell back
+    # to 1 and the other rows were quantised at it, finite and wrong)
+    bad = torch.nn.Linear(64, 48)
+    with torch.no_grad():
+        bad.weight[0, 0] = float("nan")
+    cfg = quant_config("fp8_e4m3_tensor_w8a8")
+    ours = Linear(48, 64, True, cfg.granularity, torch.float32, "cpu")
+    ours.load([bad.weight.detach()], [bad.bias.detach()])
+    x = torch.randn(5, 64)
+    assert FakeQuantLinear(bad, cfg)(x).isnan().all() and ours(x).isnan().all()
 
 
 def test_full_precision_linear_matches_nn_linear_and_reloads():
@@ -350,6 +360,13 @@ def test_prompt_ids_outside_the_vocabulary_and_seeds_past_64_bits_are_named():
         engine.next_logits([[5, -3]])
     with pytest.raises(ValueError, match=r"seeds must fit in 64 signed bits"):
         engine.generate([[5, 6]], SamplingParams(4), seeds=[2**64 - 1])
+    # a pad id past the embedding (a tokenizer's added pad token): named (before: IndexError in the forward pass)
+    model = tiny_model("tiny-llama")
+    vocab = model.get_input_embeddings().num_embeddings
+    for pad in (vocab, -1):  # -1: before, the engine wrapped it to the last row without a word
+        for run in (engine.generate, lambda p, s, **k: generate(model, p, s, **k)):
+            with pytest.raises(ValueError, match=rf"pad_id {pad} is outside this model's vocabulary \[0, {vocab}\)"):
+                run([[5, 6], [7]], SamplingParams(4), pad_id=pad)
 
 
 def test_the_fp8_size_check_reads_only_the_layers_that_run_in_fp8(monkeypatch):

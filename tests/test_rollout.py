@@ -71,6 +71,10 @@ def test_inverse_cdf_picks_the_first_token_whose_cumulative_mass_reaches_u():
     expect = (cdf < u[:, None] * cdf[:, -1:]).sum(-1)  # the CUDA path's count, on the same FP32 cdf
     tok = inverse_cdf(logp, u)
     assert torch.equal(tok, expect) and torch.isfinite(logp.gather(-1, tok[:, None])).all()
+    # u = 0 exactly (torch.rand on a CPU: once in 2^24 draws): the first token of positive probability, not token 0
+    # whatever its probability (before: a token of FP32 probability 0, or under top-k the argmax in its place)
+    zero = torch.tensor([[-200.0, 0.0, -1.0], [-torch.inf, -1.0, 0.0]]).log_softmax(-1)  # (2, 3)
+    assert inverse_cdf(zero, torch.zeros(2)).tolist() == [1, 1]
 
 
 def test_greedy_equals_reference_argmax_loop(model):
@@ -282,3 +286,17 @@ def test_sampling_params_are_checked():
         with pytest.raises(ValueError, match=message):
             SamplingParams(**bad)
     assert SamplingParams(max_new_tokens=np.int64(4)).max_new_tokens == 4
+
+
+def test_greedy_evaluation_stops_where_the_rollouts_do():
+    from aisrl.models import word_tokenizer
+    from aisrl.policy import CausalPolicy
+
+    model = tiny_model("tiny-llama")
+    tok = word_tokenizer(model.get_input_embeddings().num_embeddings)
+    plain = CausalPolicy(SamplingParams(8), pad_id=0, eos_id=[], tokenizer=tok).greedy(model, [[5, 6, 7]])
+    assert plain.completion_mask.sum() == 8
+    second = tok.decode(plain.completion_ids[0, 1:2].tolist())  # the second greedy token's text, as a stop string
+    stopping = CausalPolicy(SamplingParams(8, stop=[second]), pad_id=0, eos_id=[], tokenizer=tok)
+    r = stopping.greedy(model, [[5, 6, 7]])  # before: greedy decoding dropped the stop strings and ran to 8
+    assert r.completion_mask.sum() == 2 and torch.equal(r.completion_ids[0, :2], plain.completion_ids[0, :2])
