@@ -46,7 +46,7 @@ def read_record(path: str | Path) -> dict:
     """One of a run's JSON records (config.json, start.json, branch.json); a ValueError naming the file when it
     does not parse (writes are atomic, so only a hand edit or another program leaves one so)."""
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON ({e}); restore it from a copy, or delete it to have the run "
                          "record it anew") from e  # fmt: skip
@@ -59,7 +59,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # one per writer
     try:
-        with os.fdopen(fd, "w") as f:  # owns fd from here: closed whatever fails below
+        with os.fdopen(fd, "w", encoding="utf-8") as f:  # owns fd from here: closed whatever fails below
             os.chmod(tmp, stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644)  # mkstemp's is 0600
             f.write(text)
             f.flush()
@@ -76,7 +76,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
     was cut short (the run was killed, the disk filled up): it is dropped, and its step is trained again on resume.
     A bad line anywhere else is an error naming the file and line."""
     path = Path(path)
-    lines = path.read_text().splitlines() if path.exists() else []
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
     rows = []
     for i, line in enumerate(lines):
         try:
@@ -227,7 +227,7 @@ def save_checkpoint(output_dir, step: int, model, optimizer, extra: dict, keep: 
     tmp = root / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}  # no GPU copy
     save_file(state, tmp / "model.safetensors")
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -244,7 +244,8 @@ def save_checkpoint(output_dir, step: int, model, optimizer, extra: dict, keep: 
     _fsync(pointer)
     os.replace(pointer, root / "latest")
     _fsync(root)
-    others = sorted(p for p in root.glob("step_*") if p != final and p.name[5:].isdigit())
+    others = sorted((p for p in root.glob("step_*") if p != final and p.name[5:].isdigit()),
+                    key=lambda p: int(p.name[5:]))  # by step: past step 999999 the names grow a digit  # fmt: skip
     later = [p for p in others if int(p.name[5:]) > step]  # an abandoned start's (`latest` deleted, or moved back)
     earlier = [p for p in others if int(p.name[5:]) < step]
     for old in later + earlier[: max(len(earlier) - max(keep - 1, 0), 0)]:  # keep this one and keep - 1 before it

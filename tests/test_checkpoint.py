@@ -118,6 +118,8 @@ def test_atomic_write_leaves_no_temporary_file_and_keeps_the_mode(tmp_path):
     atomic_write_text(f, "two")
     assert f.read_text() == "two" and stat.S_IMODE(f.stat().st_mode) == 0o600
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+    atomic_write_text(f, "Δ → ±")  # BENCHMARKS.md holds such characters: UTF-8 whatever the locale's encoding
+    assert f.read_bytes() == "Δ → ±".encode()
 
 
 def test_pruning_keeps_this_runs_previous_checkpoint_and_drops_an_abandoned_starts(tmp_path):
@@ -137,6 +139,10 @@ def test_pruning_keeps_this_runs_previous_checkpoint_and_drops_an_abandoned_star
     assert names() == ["step_000015", "step_000025"] and latest_checkpoint(tmp_path).name == "step_000025"
     save_checkpoint(tmp_path, 30, model, opt, {}, keep=1)
     assert names() == ["step_000030"]
+    # past step 999999 the names grow a digit: the checkpoint kept before the new one is the one of the step before
+    for step in (999_999, 1_000_000, 1_000_001):
+        save_checkpoint(tmp_path, step, model, opt, {}, keep=2)
+    assert names() == ["step_1000000", "step_1000001"]  # before: step_999999 kept, as the later name in text order
 
 
 def test_a_checkpoint_of_another_model_is_refused_with_the_settings_to_check(tmp_path):

@@ -191,6 +191,17 @@ def test_a_micro_batch_with_no_scored_token_leaves_the_alpha_ema_alone(stub_verl
     assert again["aisrl/alpha"] == pytest.approx(0.9 * first["aisrl/alpha"] + 0.1 * batch_alpha)
 
 
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_a_micro_batch_that_keeps_no_token_has_loss_0_not_nan(stub_verl, agg):
+    # verl's legacy path passes no global counts (CFG's global_batch_info is empty): agg_loss divides by the mask
+    old, rollout, logp, adv, mask, w = batch(0)
+    for name, weights in (("icepop", w * 10), ("tis", torch.full_like(w, float("nan")))):  # all outside [0.5, 2]
+        loss, metrics = make_policy_loss(name)(old, logp, adv, mask, agg, CFG, weights)  # every token out of the loss
+        assert metrics["aisrl/mask_frac_token" if name == "icepop" else "aisrl/nonfinite_frac"] == 1.0
+        assert loss.item() == 0.0 and loss.requires_grad  # before: NaN, which verl logs as the step's pg_loss
+        assert torch.equal(torch.autograd.grad(loss, logp)[0], torch.zeros_like(logp))
+
+
 def test_verl_external_module_hook_registers_the_losses(tmp_path, verl_algos):
     import os
     import subprocess

@@ -117,7 +117,7 @@ def update_section(path: str | Path, name: str, body: str) -> None:
         raise ValueError(f"the body of section {name!r} holds a section marker (<!-- BEGIN/END ... -->); quote it "
                          "differently")  # fmt: skip
     with _locked(path):
-        text = path.read_text() if path.exists() else "# Benchmarks\n"
+        text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
         if text.count(begin) > 1 or text.count(begin) != text.count(end) or text.find(end) < text.find(begin):
             raise ValueError(f"{path}: the markers of section {name!r} are unpaired or repeated; mend them by hand "
                              f"(one {begin} line, then one {end} line), so that no text between them is "

@@ -24,9 +24,10 @@ for the per-sequence means (grpo, sapo) each sequence's term by its own kept-tok
 sequences still counting in the mean over sequences; for dr_grpo and luspo by the fraction of sequences kept. That
 acts like a learning rate scaled by the kept fraction (Adam-type optimisers largely normalise a steady scale away, SGD
 does not): tune the learning rate with the correction on, and watch aisrl/mask_frac_token and aisrl/mask_frac_seq
-(1 - kept fraction). Matching the aisrl convention exactly would need the kept counts of the micro-batches TRL
-shuffles and splits the generation batch into afterwards (`_prepare_inputs`), applied inside TRL's private
-`_compute_loss`; the adapter does not reach in there.
+(1 - kept fraction). With beta > 0, TRL's KL penalty still applies to every completion token, rejected ones
+included (the aisrl trainer drops it with the rest of the loss). Matching the aisrl convention exactly would need
+the kept counts of the micro-batches TRL shuffles and splits the generation batch into afterwards
+(`_prepare_inputs`), applied inside TRL's private `_compute_loss`; the adapter does not reach in there.
 
 Rollout log-probs come from one of three sources: vLLM (`use_vllm=True`: TRL collects them; TRL's own
 correction is switched off so that only ours applies), a `rollout_func` (TRL requires it to return the sampled

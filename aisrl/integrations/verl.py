@@ -209,7 +209,9 @@ def make_policy_loss(name: str, **options):
                                                                 cfg.get("clip_ratio_c", 3.0))  # fmt: skip
         pg = pg * torch.where(keep, res.weights.detach().to(pg.dtype), 0.0)  # (N, T)
         info = getattr(config, "global_batch_info", None) or (cfg.get("global_batch_info") or {})
-        loss = agg_loss(pg, keep, loss_agg_mode, **info)
+        # verl's legacy path passes no global counts, and agg_loss then divides by this micro-batch's: 0/0 where it
+        # kept no token (a rejecting correction, unscorable log-probs); its loss is then 0, with the graph kept
+        loss = agg_loss(pg, keep, loss_agg_mode, **info) if info or keep.any() else (pg * 0).sum()
         if "alpha" in res.metrics and res.metrics["num_tokens"].item() > 0:  # an unscored batch measured nothing
             state["prev_alpha"] = res.metrics["alpha"].item()
         n = keep.sum().clamp(min=1)
