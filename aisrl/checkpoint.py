@@ -14,8 +14,8 @@ takes their new values (a run continued to 300 steps says max_steps 300).
 
 It also records the weights it started from (`output_dir/start.json`: a digest of the initial state and the
 machine). The lab model's warm start is trained on first use and cached; its training is deterministic on one
-machine but not across CPUs (other kernels round differently, and the SFT stops at another step), so two runs
-of one seed are a valid pair only when their starts agree (`same_start`).
+machine but not across CPUs (other kernels round differently; with `lab.target`, the SFT may stop at another
+step), so two runs of one seed are a valid pair only when their starts agree (`same_start`).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ class Batch:
     delta: torch.Tensor  # (N, T) old_logp - rollout_logp, clamped; -LOG_RATIO_CLAMP at `zero`, 0 where not counted
     mask: torch.Tensor  # (N, T) bool: counted tokens (input mask minus NaN / zero-probability positions)
     zero: torch.Tensor  # (N, T) bool: tokens the trainer gives no probability (w = 0), outside `mask`
-    seq_mask: torch.Tensor  # (N,) bool: sequences with at least one counted token
+    seq_mask: torch.Tensor  # (N,) bool: sequences with a token in the products (counted, or of probability 0)
     seq_log_w: torch.Tensor  # (N,) sum_t delta, the log sequence weight
     seq_len: torch.Tensor  # (N,) number of counted tokens
     n_nonfinite: torch.Tensor  # () counted tokens dropped: NaN, non-finite trainer log-prob, +inf rollout log-prob
@@ -103,7 +103,7 @@ def prepare(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tens
         delta=delta,
         mask=keep,
         zero=impossible,
-        seq_mask=seq_len > 0,
+        seq_mask=(keep | impossible).any(-1),  # a sequence of zero-probability tokens only is the worst one, not none
         seq_log_w=delta.sum(-1),
         seq_len=seq_len,
         n_nonfinite=nan.sum().to(old.dtype),

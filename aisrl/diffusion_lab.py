@@ -26,6 +26,7 @@ from aisrl.lab import (
     _cache_dir,
     completion_text,
     lab_task,
+    load_cached,
     prompt_text,
     publish_cache,
     run_sft,
@@ -66,8 +67,8 @@ def diffusion_lab_model(cfg: LabConfig, params: DiffusionParams, verbose: bool =
     model = tiny_diffusion_model(len(tok) + 1, mask_id_of(tok), hidden=cfg.hidden, layers=cfg.layers,
                                  max_len=max_len, seed=cfg.seed)  # fmt: skip
     if (cache / "info.json").exists():
-        model.load_state_dict(load_file(cache / "model.safetensors"))
-        return model.eval(), tok, json.loads((cache / "info.json").read_text())
+        load_cached(cache, lambda: model.load_state_dict(load_file(cache / "model.safetensors")))
+        return model.eval(), tok, load_cached(cache, lambda: json.loads((cache / "info.json").read_text()))
     seqs = [(encode_prompt(tok, p), tok.encode(completion_text(p)) + [tok.eos_token_id]) for p in train]
     if (longest := max(len(c) for _, c in seqs)) > params.gen_length:
         fit = -(-longest // params.block_length) * params.block_length  # the next multiple of the block length

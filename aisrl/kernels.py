@@ -81,7 +81,7 @@ def _kernel():
             l_sum = l_sum * shrink + tl.sum(p, 1)
             acc = acc * shrink[:, None] + tl.dot(p.to(WIDE), v)
             m = m_new
-        out = acc / l_sum[:, None] * tl.load(VS + b * Hk + hk)
+        out = acc / tl.maximum(l_sum, 1.0)[:, None] * tl.load(VS + b * Hk + hk)  # l_sum >= 1 but on an empty span
         o_ptr = O + b * so_b + head[:, None] * so_h + d[None, :]
         tl.store(o_ptr, out.to(O.dtype.element_ty), mask=(g < G)[:, None])
 
@@ -111,9 +111,14 @@ def decode_attention(q, k_cache, v_cache, k_scale, v_scale, start, end, width: i
                      use_kernel: bool | None = None):  # fmt: skip
     """Decode attention (see the module docstring): the Triton kernel on CUDA when Triton is installed (no host
     synchronisation, so CUDA graphs can capture it) and the query is not FP32 (the kernel computes in BF16), else
-    the PyTorch reference."""
-    if use_kernel is None:
-        use_kernel = q.is_cuda and q.dtype != torch.float32 and triton_available() and kernel_supports(q.shape[-1])
+    the PyTorch reference. Either reads slots [start_b, end_b) of the first `width`, and an empty span gives 0."""
+    if q.dim() != 3 or k_cache.dim() != 4 or q.shape[1] % k_cache.shape[1]:
+        raise ValueError(f"decode attention needs q (B, H, D) and caches (B, Hk, S, D) with H a multiple of Hk (each "
+                         f"kv head serves H / Hk query heads); got q {tuple(q.shape)}, cache {tuple(k_cache.shape)}")
+    if use_kernel is None:  # the kernel's layout, or the reference
+        layout = k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
+        use_kernel = (q.is_cuda and q.dtype != torch.float32 and triton_available() and kernel_supports(q.shape[-1])
+                      and layout)  # fmt: skip
     if not use_kernel:
         return decode_attention_ref(q, k_cache, v_cache, k_scale, v_scale, start, end, width, sm_scale)
     B, H, D = q.shape
@@ -128,7 +133,7 @@ def decode_attention(q, k_cache, v_cache, k_scale, v_scale, start, end, width: i
     _kernel()[(B, Hk)](
         q, k_cache, v_cache, k_scale, v_scale, start, end, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        out.stride(0), out.stride(1), sm_scale, k_cache.shape[2], Hk,
+        out.stride(0), out.stride(1), sm_scale, min(width, k_cache.shape[2]), Hk,
         G=G, BLOCK_G=max(16, 1 << math.ceil(math.log2(G))), D=D, WIDE=_wide(),
         **DECODE_CONFIG["fp8" if k_cache.element_size() == 1 else "wide"],
     )  # fmt: skip

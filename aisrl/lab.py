@@ -1,7 +1,7 @@
 """The lab: a tiny policy that already succeeds sometimes, so RL has signal within minutes on a CPU.
 
 SmolLM2-135M is too weak and too slow here for multi-seed studies. The lab model is a Llama-style transformer
-of about 1.5M parameters with a character tokenizer built locally (the four format tags are single
+of about 1.35M parameters with a character tokenizer built locally (the four format tags are single
 tokens). It is warm-started by supervised fine-tuning on solver traces of a procedural task
 (`<reasoning>23+48=71</reasoning><answer>71</answer>`) for a fixed number of steps, chosen per preset so its
 held-out success rate leaves GRPO room to lift it. The result is cached on disk under a hash of the
@@ -174,8 +174,9 @@ def lab_model(cfg: LabConfig | None = None, verbose: bool = True):
     if (cache / "info.json").exists():
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(cache, local_files_only=True, dtype=torch.float32).eval()
-        return model, tok, json.loads((cache / "info.json").read_text())
+        model = load_cached(cache, lambda: AutoModelForCausalLM.from_pretrained(cache, local_files_only=True,
+                                                                                dtype=torch.float32))  # fmt: skip
+        return model.eval(), tok, load_cached(cache, lambda: json.loads((cache / "info.json").read_text()))
     task = lab_task(cfg)
     model = tiny_model("tiny-llama", seed=cfg.seed, vocab_size=len(tok), hidden=cfg.hidden, layers=cfg.layers,
                        pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
@@ -241,18 +242,41 @@ def run_sft(cfg: LabConfig, train_steps, accuracy, label: str | None, chunk: int
 
 
 def publish_cache(cache: Path, write) -> None:
-    """Write a cache entry into a private temporary directory, then rename it into place (first writer wins;
-    concurrent builders of the same deterministic entry never share a directory)."""
+    """Write a cache entry into a private temporary directory (unique per call: builders in containers or on machines
+    that share the cache may share a process id), put its files on disk, then rename it into place, so that an entry
+    holding info.json is complete. First writer wins; what a failed write left is removed. A folder without info.json
+    in the way (a partial entry of an earlier version) is replaced."""
     import shutil
+    import tempfile
 
-    tmp = cache.with_name(f"{cache.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write(tmp)
+    from aisrl.checkpoint import _fsync
+
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=cache.parent, prefix=f".{cache.name}.tmp"))
     try:
-        tmp.rename(cache)
-    except OSError:  # another process published it first
-        shutil.rmtree(tmp, ignore_errors=True)
+        os.chmod(tmp, 0o755)  # mkdtemp's is 0700: others sharing the cache read the entry too
+        write(tmp)
+        for f in [*tmp.rglob("*"), tmp]:
+            _fsync(f)
+        if cache.is_dir() and not (cache / "info.json").exists():
+            shutil.rmtree(cache, ignore_errors=True)
+        try:
+            tmp.rename(cache)
+        except OSError:  # another process published it first
+            return
+        _fsync(cache.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone after a rename; a leftover otherwise
+
+
+def load_cached(cache: Path, load):
+    """`load()` of a cache entry, and an error naming the entry and what to do when it fails (a file damaged or
+    emptied outside aisrl, or by a power loss before entries were synced)."""
+    try:
+        return load()
+    except Exception as e:  # noqa: BLE001 - whatever the loader raised, the fix is the same
+        raise RuntimeError(f"the cached warm start {cache} could not be loaded ({type(e).__name__}: {e}); delete "
+                           "that folder to have it built again") from e
 
 
 def _sft_loss(model, batch: list[tuple[list[int], list[int]]], pad: int) -> torch.Tensor:

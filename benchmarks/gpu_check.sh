@@ -15,8 +15,14 @@ PY=${PY:-python3}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
 $PY -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
 'transformers', transformers.__version__)" | tee -a "$OUT/machine.txt"
+# 8 workers and a per-test limit where pytest-xdist and pytest-timeout are installed (the device image has them);
+# without them, one process and the overall limit only
+FLAGS=""
+$PY -c "import xdist" 2>/dev/null && FLAGS="$FLAGS -n 8"
+$PY -c "import pytest_timeout" 2>/dev/null && FLAGS="$FLAGS --timeout 240"
+echo "pytest flags:${FLAGS:- none}"
 t0=$(date +%s)
-timeout "${1:-300}" $PY -m pytest -q -n 8 --timeout 240 -p no:cacheprovider -rfEs --junitxml="$OUT/tests.xml" \
+timeout "${1:-300}" $PY -m pytest -q $FLAGS -p no:cacheprovider -rfEs --junitxml="$OUT/tests.xml" \
     tests >"$OUT/tests.log" 2>&1
 echo "tests rc=$? in $(($(date +%s) - t0)) s"
 grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | cut -c1-220 | head -40

@@ -17,6 +17,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -93,26 +94,33 @@ def summarise(metrics_path) -> dict:
 
 
 def run(shape, steps, new, variants, out_path, device="cuda"):
-    """Every variant in turn; `out_path` is replaced only once all have run (the progress is in OUT.partial)."""
+    """Every variant in turn; `out_path` is replaced only once all have run (the progress is in OUT.partial). The runs
+    are scratch, in a temporary folder removed at the end: their metrics are summarised into the JSON, and their final
+    checkpoints (weights and AdamW state: about 20 GB for qwen3-1.7b) are not kept."""
     if steps < 2:
         raise ValueError("steps must be >= 2: step 1 (compilation, graph capture) is left out of the means")
     if shape not in SHAPES or not variants:
         raise ValueError(f"shape={shape!r}, variants={variants}: give one of {list(SHAPES)} and at least one variant")
-    dirs = {quant: Path(out_path).parent / f"gpu_grpo_{shape}_{quant}" for quant in variants}
+    scratch = Path(tempfile.mkdtemp(prefix="gpu_grpo_"))
+    dirs = {quant: scratch / f"gpu_grpo_{shape}_{quant}" for quant in variants}
     for quant, out in dirs.items():  # a bad variant fails here, not after the others have run
         try:
             validate(load_config("lab", overrides(steps, new, quant, out, device)))
         except ValueError as e:
             raise ValueError(f"variant {quant!r}: {e}") from e
-    data = {"machine": machine(), "shape": shape, "new_tokens": new, "steps": steps, "runs": {},
-            "command": command(__file__)}  # fmt: skip
-    with staged_json(out_path) as save:
-        for quant, out in dirs.items():
-            args = [f"shape={shape}", f"steps={steps}", f"new={new}", f"variant={quant}", f"dir={out}"]
-            subprocess.run([sys.executable, __file__, "one", *args, f"device={device}"], check=True)
-            data["runs"][quant] = summarise(out / "metrics.jsonl")
-            print(quant, data["runs"][quant], flush=True)
-            save(data)
+    data = {"machine": machine(), "shape": shape, "vocab": 151936 if shape != "tiny" else 512, "new_tokens": new,
+            "steps": steps, "runs": {}, "command": command(__file__)}  # fmt: skip
+    try:
+        with staged_json(out_path) as save:
+            for quant, out in dirs.items():
+                args = [f"shape={shape}", f"steps={steps}", f"new={new}", f"variant={quant}", f"dir={out}"]
+                subprocess.run([sys.executable, __file__, "one", *args, f"device={device}"], check=True)
+                data["runs"][quant] = summarise(out / "metrics.jsonl")
+                print(quant, data["runs"][quant], flush=True)
+                save(data)
+                shutil.rmtree(out, ignore_errors=True)  # the next variant needs the disk
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return data
 
 
@@ -121,7 +129,7 @@ def publish(out_path):
     m = data["machine"]
     base = data["runs"].get("none")
     lines = [f"Command: `{data['command']}`; {m['cuda']}, torch {m['torch']}; random-init {data['shape']}-shaped "
-             "policy (vocabulary 151936), lab task, 16 prompts x 8 samples x "
+             f"policy (vocabulary {data.get('vocab', 151936)}), lab task, 16 prompts x 8 samples x "
              f"{data['new_tokens']} new tokens (no EOS), "
              "FP32 master weights under BF16 autocast, AIS; means over steps 2.."
              f"{data['steps']} (seconds per step).", "",
@@ -131,10 +139,11 @@ def publish(out_path):
     for quant, r in data["runs"].items():
         name = "BF16 (static engine)" if quant == "none" else quant
         parts = " / ".join(f"{r[k]:.2f}" for k in TRAIN_PARTS) if all(k in r for k in TRAIN_PARTS) else "-"
+        vs_bf16 = f"{r['step'] / base['step']:.2f}x" if base else "-"  # without a BF16 run: nothing to compare with
         lines.append(f"| {name} | {r['time_rollout']:.2f} | {r['time_logprob']:.2f} | {r['time_train']:.2f} "
                      f"({parts}) | "
                      f"{r['time_sync']:.3f} | {r['step']:.2f} | {r['rollout_tok_s']:.0f} | "
-                     f"{r['step'] / base['step']:.2f}x | {r['alpha']:.3f} | {r['k3_kl']:.2e} |")  # fmt: skip
+                     f"{vs_bf16} | {r['alpha']:.3f} | {r['k3_kl']:.2e} |")  # fmt: skip
     if data.get("note"):
         lines += ["", f"Note: {data['note']}."]
     update_section(ROOT / "BENCHMARKS.md", "gpu_grpo", "\n".join(lines))

@@ -332,10 +332,17 @@ def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: 
         tag += f"_seed{seed}" if seed != recorded else ""
     tag += ("_adam" if space == "adam" else "") + (f"_{label}" if label else "")
     path = ROOT / "benchmarks" / "results" / f"gradient_bias_{preset_name}_{quant}{tag}.json"
-    held = json.loads(path.read_text()).get("start") if path.exists() else None
+    earlier = json.loads(path.read_text()) if path.exists() else {}
+    held = earlier.get("start")
     if held is not None and _state(held) != _state(start or "warm start"):  # the name keeps a run path's last parts
         raise ValueError(f"{path.relative_to(ROOT)} holds the measurement of another state ({held}); pass tag=NAME "
                          "to write this one beside it")  # fmt: skip
+    if earlier:  # a smoke run (fewer salts, the default methods) must not replace a published measurement
+        held_methods = earlier.get("methods") or [k for k in earlier["results"] if k.partition(":")[0] in CORRECTIONS]
+        if earlier["salts"] != salts or sorted(held_methods) != sorted(methods):
+            raise ValueError(f"{path.relative_to(ROOT)} holds a measurement with other settings (salts="
+                             f"{earlier['salts']} methods={','.join(held_methods)}); give those to measure it again, "
+                             "or pass tag=NAME to write this one beside it")  # fmt: skip
     common = [f"seed={seed}"]
     g_ref, g, rows = [], {m: [] for m in methods}, {m: [] for m in methods}
     t0 = time.perf_counter()
@@ -362,9 +369,9 @@ def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: 
     for name, r in res.items():
         if isinstance(r, dict) and name != "calibration":
             print(f"{name:>10}: " + "  ".join(f"{k} {v:.4g}" for k, v in r.items()))
-    out = {"preset": preset_name, "quant": quant, "seed": seed, "salts": salts, "start": start or "warm start",
-           "space": space, "results": res, "seconds": time.perf_counter() - t0, "machine": machine(),
-           "command": command(__file__)}  # fmt: skip
+    out = {"preset": preset_name, "quant": quant, "seed": seed, "salts": salts, "methods": methods,
+           "start": start or "warm start", "space": space, "results": res, "seconds": time.perf_counter() - t0,
+           "machine": machine(), "command": command(__file__)}  # fmt: skip
     write_json(path, out)
     update_section(ROOT / "BENCHMARKS.md", f"gradient_bias_{preset_name}_{quant}{tag}", section(out))
     return out

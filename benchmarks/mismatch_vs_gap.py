@@ -54,6 +54,15 @@ def demean(values: dict[tuple[str, int], float], rounds: int = 200) -> dict[tupl
     return out
 
 
+def residuals(x: dict, y: dict) -> tuple[dict, dict]:
+    """x and y on the runs where both are finite (a fifth with no finite k3 is NaN) and whose seed another of them
+    shares, each with method and seed means taken out: a NaN inside a mean would make every residual NaN."""
+    keys = [k for k in x if math.isfinite(x[k]) and math.isfinite(y[k])]
+    shared = {seed for _, seed in keys if sum(k[1] == seed for k in keys) >= 2}
+    keys = [k for k in keys if k[1] in shared]
+    return demean({k: x[k] for k in keys}), demean({k: y[k] for k in keys})
+
+
 def correlation(x: dict, y: dict, permutations: int = 20000) -> dict:
     """Pearson correlation of the paired residuals, its two-sided permutation p-value (the share of random
     pairings of the same residuals with at least its |r|) and the least-squares slope of y on x."""
@@ -123,12 +132,11 @@ def main(dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metri
         raise ValueError(f"only {len(y)} runs of {methods} under {fmt} have a full-precision twin with a {metric} and "
                          "a seed shared with another method (the seed's mean is taken out); need a few per method, "
                          "on seeds run under at least two methods")  # fmt: skip
-    ry = demean(y)
     result = {"dirs": [str(d) for d in dirs], "format": fmt, "metric": metric, "methods": methods, "runs": len(y),
-              "last_fifth_k3": correlation(demean(last), ry), "first_fifth_k3": correlation(demean(first), ry),
+              "last_fifth_k3": correlation(*residuals(last, y)), "first_fifth_k3": correlation(*residuals(first, y)),
               "per_method": {}}  # fmt: skip
     for m in methods:
-        keys = [k for k in y if k[0] == m]
+        keys = [k for k in y if k[0] == m and math.isfinite(last[k])]
         if len(keys) >= 4:
             xm, ym = statistics.fmean(last[k] for k in keys), statistics.fmean(y[k] for k in keys)
             result["per_method"][m] = {"runs": len(keys), "k3_last": xm, "gap": ym, **correlation(

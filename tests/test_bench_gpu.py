@@ -76,6 +76,15 @@ def test_grpo_checks_every_variant_first_and_replaces_the_results_only_once_all_
     data = gg.run("tiny", 2, 4, ["none"], str(out), device="cpu")
     assert json.loads(out.read_text()) == data and list(data["runs"]) == ["none"]
     assert not (tmp_path / "gpu_grpo.json.partial").exists()
+    # the runs are scratch: nothing beside the results (before: their checkpoints, ~20 GB for qwen3-1.7b, stayed
+    # in benchmarks/results/)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_grpo.json"] and data["vocab"] == 512
+    # published without a BF16 run: no ratio to it, rather than a TypeError
+    data = gg.run("tiny", 2, 4, ["fp8_e4m3_w8a8"], str(out), device="cpu")
+    written = {}
+    monkeypatch.setattr(gg, "update_section", lambda path, name, text: written.setdefault(name, text))
+    gg.publish(str(out))
+    assert "(vocabulary 512)" in written["gpu_grpo"] and "| - |" in written["gpu_grpo"]
 
 
 def test_rollout_run_that_fails_keeps_the_published_results(tmp_path, monkeypatch):

@@ -25,6 +25,19 @@ def test_two_way_demeaning_leaves_only_what_is_not_a_method_or_seed_effect():
             assert abs(sum(v for k, v in both.items() if k[axis] == g)) < 1e-9
 
 
+def test_a_run_with_no_finite_k3_leaves_the_others_residuals_alone():
+    mg = load_benchmark("mismatch_vs_gap")
+    rng = random.Random(1)
+    keys = [(m, s) for m in "ab" for s in range(6)]
+    x = {k: rng.gauss(0, 1) for k in keys}
+    y = {k: 0.7 * x[k] + rng.gauss(0, 0.3) for k in keys}
+    clean = mg.correlation(*mg.residuals({k: v for k, v in x.items() if k != ("a", 0)}, y), permutations=500)
+    x[("a", 0)] = float("nan")  # a fifth in which every step lost its tokens
+    with_nan = mg.correlation(*mg.residuals(x, y), permutations=500)
+    assert with_nan["n"] == clean["n"] == 10  # run a0 out, and b0 with it (its seed's mean would be all of it)
+    assert with_nan["r"] == pytest.approx(clean["r"]) and with_nan["r"] > 0.5  # before: r None, n 0
+
+
 def test_correlation_matches_pearson_and_its_permutation_p_value_separates_signal_from_noise():
     mg = load_benchmark("mismatch_vs_gap")
     gen = torch.Generator().manual_seed(1)

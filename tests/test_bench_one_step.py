@@ -31,6 +31,15 @@ def test_the_gradient_is_linear_in_the_weights_so_a_pinned_alpha_lies_on_the_seg
     torch.testing.assert_close(g_half, 0.5 * (g_none + g_tis), rtol=1e-4, atol=1e-6)
 
 
+def test_the_correction_named_is_trained_whatever_the_base_calibrates_or_guards():
+    # a base that calibrates would train its pick in place of correction.name (before: none and tis identical)
+    extra = ["correction.calibrate_every=1", "correction.guard=4"]
+    _, g_none = one_step("lab", [*FP8, *extra, "correction.name=none"])
+    _, g_tis = one_step("lab", [*FP8, *extra, "correction.name=tis"])
+    assert (g_none - g_tis).norm() > 1e-3 * g_none.norm()
+    torch.testing.assert_close(g_tis, one_step("lab", [*FP8, "correction.name=tis"])[1])
+
+
 def test_more_than_one_epoch_is_refused():
     """_update steps the optimizer each epoch: the gradient left at the end is not the step's first one."""
     with pytest.raises(ValueError, match="epochs=2: one_step reads the step's first gradient"):
@@ -234,6 +243,13 @@ def test_a_seed_other_than_the_runs_own_gets_its_own_results_at_a_checkpoint(tmp
     with pytest.raises(ValueError, match="holds the measurement of another state .*; pass tag=NAME"):
         gb.main(None, "mxfp4_w4a4", None, 3, ["none", "tis"], f"{other}:80", [1, 10])
     assert not used
+    # a smoke run of other salts or methods: refused, not written over the measurement (before: replaced it)
+    for salts, methods in ((4, ["none", "tis"]), (3, ["none", "tis", "ais"])):
+        with pytest.raises(ValueError, match=r"holds a measurement with other settings \(salts=3 methods=none,tis\)"):
+            gb.main(None, "mxfp4_w4a4", None, salts, methods, f"{run}:80", [1, 10])
+    assert not used
+    gb.main(None, "mxfp4_w4a4", None, 3, ["tis", "none"], f"{run}:80", [1, 10])  # the same settings: measured again
+    assert used
     gb.main(None, "mxfp4_w4a4", None, 3, ["none", "tis"], f"{run}:80", [1, 10])  # the same state: measured again
 
 

@@ -339,6 +339,13 @@ def test_zero_probability_token_is_w_zero_in_every_product():
         close(res.metrics["ess"], 0.5)  # W = (~0, 1): (0 + 1)^2 / (2 * 1)
         close(res.metrics["zero_prob_frac"], 1 / 6)
         close(res.metrics["nonfinite_frac"], 1 / 6)
+    # a sequence whose only token has probability 0 is the batch's worst, not absent (before: ESS 1, one sequence)
+    alone = correct("tis", old[:, :2], roll[:, :2], torch.tensor([[False, True], [True, True]]))
+    close(alone.metrics["ess"], 0.5)
+    close(alone.metrics["num_seqs"], 2.0)
+    close(alone.metrics["mask_frac_seq"], 0.5)  # it leaves the loss whole
+    close(correct("tis", old[:, :2], roll[:, :2], torch.tensor([[False, True], [True, True]]), veto=1e-3).metrics[
+        "veto_frac_seq"], 0.5)  # fmt: skip
     # a veto below the clamp's e^-20 too (before: 1e-10 vetoed nothing, the clamped w = 2e-9 being above it)
     for name, opts in [("seq_mask", {}), ("veto", {"threshold": 1e-3}), ("veto", {"threshold": 1e-10}),
                        ("k3_reject", {"level": "seq_max"})]:  # fmt: skip

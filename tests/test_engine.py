@@ -250,6 +250,14 @@ def test_reference_attention_is_plain_softmax_attention():
             keys, vals = k[b, kv, start[b] : end[b]] * ks[b, kv], v[b, kv, start[b] : end[b]] * vs[b, kv]
             expect = ((keys @ q[b, h]) * 0.3).softmax(0) @ vals
             torch.testing.assert_close(out[b, h], expect)
+    # heads that no kv head serves whole: named on either path (before: a view's shape error, or on the kernel path
+    # heads left uninitialised)
+    for use_kernel in (False, None):
+        with pytest.raises(ValueError, match=r"H a multiple of Hk .* got q \(2, 3, 8\), cache \(2, 2, 10, 8\)"):
+            decode_attention(q[:, :3], k, v, ks, vs, start, end, 10, 0.3, use_kernel=use_kernel)
+    # an empty span attends to nothing: 0
+    empty = decode_attention(q, k, v, ks, vs, torch.tensor([4, 0]), torch.tensor([4, 0]), 10, 0.3, use_kernel=False)
+    assert torch.equal(empty, torch.zeros_like(q))
 
 
 @cuda
@@ -266,6 +274,12 @@ def test_cuda_decode_kernel_matches_reference(kv_dtype):
     ref = decode_attention_ref(q, k, v, ks, vs, start, end, S, D**-0.5).float()
     out = decode_attention(q, k, v, ks, vs, start, end, S, D**-0.5, use_kernel=True).float()
     assert ((out - ref).norm() / ref.norm()).item() < 1e-2
+    # both read only the first `width` slots, whatever end says, and give 0 on an empty span (before: the kernel read
+    # up to end, and divided 0 by 0)
+    start[2], end[2] = 100, 100
+    ref = decode_attention_ref(q, k, v, ks, vs, start, end, 260, D**-0.5).float()
+    out = decode_attention(q, k, v, ks, vs, start, end, 260, D**-0.5, use_kernel=True).float()
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-2 and out[2].abs().max() == 0
 
 
 @cuda

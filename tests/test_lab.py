@@ -96,6 +96,42 @@ def test_default_warm_start_trains_its_steps_leaves_room_for_rl_and_is_cached(tm
     assert 1e6 < info["params"] < 5e6
     again = lab_model(cfg, verbose=False)[2]  # second call: loaded from the cache, same numbers
     assert again == info | {"config": again["config"]}
+    from aisrl.lab import _cache_dir
+
+    (_cache_dir(cfg) / "model.safetensors").write_bytes(b"")  # emptied outside aisrl: named, with what to do
+    with pytest.raises(RuntimeError, match=r"the cached warm start .* could not be loaded .*delete that folder"):
+        lab_model(cfg, verbose=False)
+
+
+def test_cache_entries_are_whole_when_builders_share_a_process_id(tmp_path):
+    import threading
+    import time
+
+    from aisrl.lab import publish_cache
+
+    cache = tmp_path / "lab" / "entry"
+
+    def write(size):
+        def files(tmp):
+            (tmp / "info.json").write_text("{}")
+            time.sleep(0.05)  # the other builder starts meanwhile (before: it deleted this one's folder)
+            (tmp / "model.safetensors").write_bytes(b"w" * size)
+
+        return files
+
+    threads = [threading.Thread(target=publish_cache, args=(cache, write(n))) for n in (10, 20)]  # one pid
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(p.name for p in cache.iterdir()) == ["info.json", "model.safetensors"]
+    assert [p.name for p in cache.parent.iterdir()] == ["entry"]  # no temporary folder left behind
+    (cache / "info.json").unlink()  # a partial entry an earlier version left: replaced, not kept for ever
+    publish_cache(cache, write(30))
+    assert (cache / "model.safetensors").stat().st_size == 30
+    with pytest.raises(OSError):  # a write that fails leaves nothing behind
+        publish_cache(tmp_path / "lab" / "other", lambda tmp: (_ for _ in ()).throw(OSError("disk full")))
+    assert [p.name for p in cache.parent.iterdir()] == ["entry"]
 
 
 def test_columns_lab_preset_has_a_large_disjoint_held_out_set_and_room_for_every_trace():

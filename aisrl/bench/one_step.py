@@ -5,8 +5,9 @@ Questions about the lab model itself (which tokens set the direction of a correc
 expectation is from the full-precision gradient) are answered by training single steps of `aisrl.trainer.train` and
 reading what they computed. At the first step after a start (the warm start, or a checkpoint) the PPO ratio is 1,
 the policy gradient is linear in the per-token correction weights, and two runs that differ only in the correction
-sample the same batch. Held-out evaluations are skipped and gradient clipping is off, so the gradient returned is
-the raw batch gradient of the configured loss.
+sample the same batch. Held-out evaluations are skipped, and gradient clipping, the calibrated end point and the
+mismatch guard are off (whatever the base config says), so the gradient returned is the raw batch gradient of the
+configured loss and correction.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def one_step(base: str, overrides: list[str], *, start: tuple[str | Path, int] |
                 src, at = Path(start[0]), int(start[1])
                 start_from_checkpoint(src, at, run)
                 step = at + 1
-            cfg = load_config(base, [*overrides, f"max_steps={step}", "grad_clip=0", f"output_dir={run}"])
+            off = ["grad_clip=0", "correction.calibrate_every=0", "correction.guard=0"]  # nothing but correction.name
+            cfg = load_config(base, [*overrides, f"max_steps={step}", *off, f"output_dir={run}"])
             if cfg.epochs != 1:  # the gradient read after the update would be the last epoch's, past a step
                 raise ValueError(f"epochs={cfg.epochs}: one_step reads the step's first gradient, which is the one "
                                  "_update leaves only with epochs=1; set epochs=1")  # fmt: skip
