@@ -482,10 +482,16 @@ def summarize_run(rows: list[dict], collapse_fraction: float, fall: float = 0.08
     out["collapsed"] = bool(late is not None and peak > 0 and late < collapse_fraction * peak)
     out["fell"] = out["eval_final"] is not None and out["eval_best"] - out["eval_final"] >= fall - 1e-9  # 8/100: 0.08
     for key in ("alpha", *DIAGNOSTICS, "k3_kl", "ess"):
-        out[key] = [r.get(key) for r in rows]
+        out[key] = [measured_value(r, key) for r in rows]
         out[f"{key}_early"], out[f"{key}_late"] = _fifths(out[key])
     out["alpha_kl_corr"] = _corr(out["alpha"], out["k3_kl"])  # does alpha move with the mismatch?
     return out
+
+
+def measured_value(row: dict, key: str):
+    """A step's mismatch metric (k3_kl, ess, alpha, a diagnostic), None where the step measured nothing: with no token
+    the trainer could score (num_tokens 0) the correction reports 0, which is no mismatch of 0."""
+    return None if row.get("num_tokens", 1) == 0 else row.get(key)
 
 
 def _corr(xs: list, ys: list) -> float | None:

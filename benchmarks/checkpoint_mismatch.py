@@ -31,7 +31,7 @@ from aisrl.compare import per_step, run_rows
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from copy_pull import setup  # noqa: E402  (sibling scripts, not a package)
 from mismatch_vs_gap import correlation  # noqa: E402
-from paired_seeds import collect, summary  # noqa: E402
+from paired_seeds import check_starts, collect, summary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ("k3", "nll", "reward")
@@ -93,6 +93,9 @@ def finished_runs(dirs: list[Path], kinds: list[str], final: int) -> dict[str, d
     if empty:
         raise SystemExit(f"no run of {empty} finished to step {final} under {[str(d) for d in dirs]}; kinds are "
                          "'reference' and FORMAT/METHOD folders there")  # fmt: skip
+    for i, a in enumerate(kinds):  # paired by seed: runs of one seed must share their warm start
+        for b in kinds[i + 1 :]:
+            check_starts(found[a], found[b])
     return found
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from aisrl.bench.cli import command, subcommand
+from aisrl.bench.cli import command, flag, subcommand
 from aisrl.bench.report import machine, staged_json, update_section
 from aisrl.engine import Engine
 from aisrl.quant import QuantConfig, quant_config, quantize_
@@ -410,8 +410,8 @@ def main(argv: list[str]) -> None:
     else:
         ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
         run(kw.get("shapes", "qwen3-8b,qwen3-1.7b").split(","), ints(kw.get("batches", "16,64,128")),
-            int(kw.get("prompt", 256)), int(kw.get("new", 512)), kw.get("hf", "1") == "1",
-            kw.get("profile", "1") == "1", out, kw.get("gemm", "1") == "1", kw.get("accuracy", "1") == "1")  # fmt: skip
+            int(kw.get("prompt", 256)), int(kw.get("new", 512)), flag(kw, "hf", True), flag(kw, "profile", True), out,
+            flag(kw, "gemm", True), flag(kw, "accuracy", True))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from aisrl.bench.cli import command, options
 from aisrl.bench.report import write_json
-from aisrl.compare import _finite, per_step, run_rows, summarize_run
+from aisrl.compare import _finite, measured_value, per_step, run_rows, summarize_run
 from aisrl.update import MismatchGuard
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +61,10 @@ def first_drift(k3: list[float], ratio: float, anchor: int, window: int) -> int 
                  if _median(k3[t - window : t]) > ratio * base), None)  # fmt: skip
 
 
+def _or_nan(x) -> float:
+    return math.nan if x is None else x
+
+
 def _median(xs: list[float]) -> float:
     """The median of the finite values (a step without a measured k3 is left out; NaN if none is finite)."""
     finite = _finite(xs)
@@ -68,7 +72,7 @@ def _median(xs: list[float]) -> float:
 
 
 def run_row(name: str, rows: list[dict], opts: dict) -> dict:
-    k3 = [r.get("k3_kl", math.nan) for r in rows]  # (steps,): NaN where a step's row is missing
+    k3 = [_or_nan(measured_value(r, "k3_kl")) for r in rows]  # (steps,): NaN where a row is missing or measured nothing
     skipped = [r.get("update_skipped", 0.0) == 1.0 for r in rows]
     summary = summarize_run(rows, 0.5, opts["fall"])  # best and last held-out greedy accuracy, as `aisrl compare`
     best_step = next((s for s, acc in summary["eval_curve"] if acc == summary["eval_best"]), 0)  # 0: the start

@@ -16,7 +16,6 @@ tripped, and the falls of each arm. Writes
 benchmarks/results/guard_<tag>.json.
 """
 
-import json
 import sys
 from pathlib import Path
 
@@ -26,8 +25,9 @@ from paired_seeds import collect, score, summary  # noqa: E402
 
 from aisrl.bench.cli import command, options  # noqa: E402
 from aisrl.bench.report import write_json  # noqa: E402
-from aisrl.checkpoint import same_start  # noqa: E402
+from aisrl.checkpoint import checkpoint_dir, same_start  # noqa: E402
 from aisrl.compare import per_step, run_rows, summarize_run  # noqa: E402
+from aisrl.final_eval import _sha256  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SCORES = ("greedy_accuracy", "held_accuracy", "policy_reward")
@@ -40,9 +40,10 @@ def runs_of(folder: Path, group: str, steps: int) -> dict[int, Path]:
     return where
 
 
-def _weights(run: Path) -> str | None:
-    final = run / "final_eval.json"
-    return json.loads(final.read_text()).get("settings", {}).get("weights_sha256") if final.exists() else None
+def _weights(run: Path, steps: int) -> str | None:
+    """SHA-256 of the run's weights at step `steps` (its checkpoint's), None where that checkpoint is gone."""
+    weights = checkpoint_dir(run, steps) / "model.safetensors"
+    return _sha256(weights) if weights.is_file() else None
 
 
 def twin_check(guarded: Path, unguarded: Path, trips: list[int], steps: int) -> str:
@@ -51,7 +52,8 @@ def twin_check(guarded: Path, unguarded: Path, trips: list[int], steps: int) -> 
     first_diff = next((r["step"] for r, s in zip(a, b, strict=False) if r.get("reward") != s.get("reward")), None)
     if trips and first_diff is not None and first_diff <= trips[0]:
         return f"rewards differ at step {first_diff}, before the first trip ({trips[0]})"
-    if not trips and (first_diff is not None or _weights(guarded) != _weights(unguarded)):
+    wa, wb = (_weights(r, steps) for r in (guarded, unguarded)) if not trips else (None, None)
+    if not trips and (first_diff is not None or (wa is not None and wb is not None and wa != wb)):
         return f"no trip, yet the runs differ (first reward difference at step {first_diff})"
     return "ok"
 

@@ -29,7 +29,7 @@ import torch
 
 from aisrl.bench.cli import command, options
 from aisrl.bench.report import update_section, write_json
-from aisrl.compare import _finite, per_step, run_rows
+from aisrl.compare import _finite, measured_value, per_step, run_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paired_seeds import METRICS, check_starts, collect  # noqa: E402  (a sibling script, not a package)
@@ -81,11 +81,11 @@ def correlation(x: dict, y: dict, permutations: int = 20000) -> dict:
 
 
 def k3_fifths(run: Path, steps: int) -> tuple[float, float]:
-    """Mean k3 KL over the first and the last fifth of `steps` (its finite values: a step that lost every token logs
-    a NaN k3; NaN where a fifth has none)."""
+    """Mean k3 KL over the first and the last fifth of `steps` (over the steps that measured one: a step with no token
+    the trainer could score logs 0; NaN where a fifth has none)."""
     rows = per_step(run_rows(run))[:steps]
     fifth = max(1, steps // 5)
-    return tuple(_fmean([r.get("k3_kl") for r in part]) for part in (rows[:fifth], rows[-fifth:]))
+    return tuple(_fmean([measured_value(r, "k3_kl") for r in part]) for part in (rows[:fifth], rows[-fifth:]))
 
 
 def _fmean(xs: list) -> float:

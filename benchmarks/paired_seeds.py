@@ -27,7 +27,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from aisrl.bench.cli import options
+from aisrl.bench.cli import flag, options
 from aisrl.bench.report import write_json
 from aisrl.checkpoint import checkpoint_dir, same_start
 from aisrl.compare import per_step, run_rows
@@ -136,6 +136,8 @@ def main(
 ) -> dict:
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose from {sorted(METRICS)}")
+    if len(set(methods)) < len(methods):
+        raise ValueError(f"methods={','.join(methods)} names a method twice; name each once")
     missing = [str(d) for d in [*dirs, *(Path(m.partition("@")[2]) for m in methods if "@" in m)] if not d.is_dir()]
     if missing:
         raise ValueError(f"no such study folder: {missing}")
@@ -195,5 +197,5 @@ if __name__ == "__main__":
         int(kw.get("steps", 100)),
         kw.get("metric", "reward"),
         kw.get("tag", ""),
-        kw.get("overwrite", "false").lower() in ("1", "true", "yes"),
+        flag(kw, "overwrite", False),
     )

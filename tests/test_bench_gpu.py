@@ -24,6 +24,12 @@ def test_rollout_options_reach_the_run_and_a_misspelt_subcommand_runs_nothing(mo
     gr.main(["publish", "out=o.json"])
     gr.main(["publish", "out=h.json", "section=recheck"])
     assert calls[1:] == [("publish", "o.json", "gpu_rollout"), ("publish", "h.json", "recheck")]
+    calls.clear()
+    gr.main(["hf=true", "profile=No", "gemm=0"])  # before: anything but "1" was off, "hf=true" included
+    hf, profile, _, gemm, accuracy = calls[0][1][4:9]
+    assert (hf, profile, gemm, accuracy) == (True, False, False, True)
+    with pytest.raises(SystemExit, match=r"hf='on': give 1/true/yes or 0/false/no"):
+        gr.main(["hf=on"])
 
 
 def test_rollout_publish_writes_a_throughput_only_run_into_its_own_section(tmp_path, monkeypatch):

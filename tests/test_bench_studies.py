@@ -74,6 +74,16 @@ def test_checkpoint_mismatch_refuses_a_kind_without_runs_before_measuring_and_na
     assert "<!-- BEGIN checkpoint_mismatch_q -->" not in text  # other settings than the published ones: own name
     assert cm.name_of("q", "", cm.DEFAULTS["steps"], "lab_columns", 4) == "checkpoint_mismatch_q"
     assert cm.name_of("q", "t", [2], "lab", 1).startswith("checkpoint_mismatch_q_t_")
+    # a pair of one seed from different warm starts is refused before measuring (before: paired all the same)
+    import json
+
+    write_run(tmp_path / "s" / "q" / "tis" / "seed0", [{"step": s, "reward": 0.5} for s in (1, 2)])
+    (tmp_path / "s" / "reference" / "seed0" / "start.json").write_text(json.dumps({"weights": "aa"}))
+    (tmp_path / "s" / "q" / "tis" / "seed0" / "start.json").write_text(json.dumps({"weights": "bb"}))
+    measured.clear()
+    with pytest.raises(ValueError, match=r"seed 0\) started from different weights"):
+        cm.main([tmp_path / "s"], ["reference", "q/tis"], [2], "q", "lab", 1)
+    assert measured == []
 
 
 def test_branch_table_shows_an_arm_with_no_scored_branch():

@@ -130,6 +130,9 @@ def test_summaries_and_aggregation_match_hand_computed_values(tmp_path):
     s = summarize_run(nan, 0.5)
     assert s["k3_kl_late"] == pytest.approx(0.9) and s["alpha_late"] is None and s["alpha_kl_corr"] is None
     assert (s["eval_final"], s["eval_best"], s["fell"]) == (0.3, 0.3, False)
+    # a step with no token the trainer could score logs k3 0: no measurement, not a mismatch of 0 (before: averaged in)
+    unscored = [dict(r, k3_kl=0.0, num_tokens=0) if r["step"] == 10 else r for r in seeds[1]]
+    assert summarize_run(unscored, 0.5)["k3_kl_late"] == pytest.approx(0.9)
     # an unfinished run is reported missing, not averaged in
     g = aggregate(cfg, plan(cfg), max_steps=12)["groups"]["mxfp4/tis"]
     assert g["runs"] == {} and g["missing"] == [0, 1] and g["eval_final"] == (None, None)
@@ -644,6 +647,8 @@ def test_paired_seeds_refuses_runs_of_one_seed_from_different_warm_starts(tmp_pa
         mod.main([tmp_path / "a"], "fmt", ["tis"], steps=2)
     (tmp_path / "a/fmt/tis/seed0/start.json").write_text(json.dumps({"weights": "aa"}))
     assert mod.main([tmp_path / "a"], "fmt", ["tis"], steps=2)["vs_full_precision"]["tis"]["mean"] == 0.0
+    with pytest.raises(ValueError, match="methods=tis,tis names a method twice"):  # before: "holds a comparison of
+        mod.main([tmp_path / "a"], "fmt", ["tis", "tis"], steps=2)  # other folders", with no file there
 
 
 def test_guard_study_pairs_guarded_runs_with_their_unguarded_twins(tmp_path, monkeypatch):
@@ -669,15 +674,24 @@ def test_guard_study_pairs_guarded_runs_with_their_unguarded_twins(tmp_path, mon
     run("g", 2, base, {6: 0.5}, trips=(2,))  # tripped, and no unguarded run of seed 2
     run("g", 3, base, {6: 0.5}, trips=(5,))
     run("u", 3, [0.1, 0.7, 0.3, 0.4, 0.5, 0.6], {6: 0.5})  # differs at step 2, before the trip: not a twin
+    for d, weights in (("g", b"same"), ("u", b"same")):  # no trip, and the same final weights: twins
+        run(d, 4, base, {6: 0.5})
+        (tmp_path / d / "f/ais/seed4/checkpoints/step_000006").mkdir(parents=True)
+        (tmp_path / d / "f/ais/seed4/checkpoints/step_000006/model.safetensors").write_bytes(weights)
+    (tmp_path / "g/f/ais/seed4/final_eval.json").write_text('{"settings": {"weights_sha256": "x"}}')  # one scored
     out = mod.main([str(tmp_path / "g"), str(tmp_path / "u"), "group=f/ais", "steps=6", "tag=t"])
     by = {s["seed"]: s for s in out["seeds"]}
+    assert by[4]["twin"] == "ok"  # before: "no trip, yet the runs differ", from the one run's final_eval.json
+    (tmp_path / "u/f/ais/seed4/checkpoints/step_000006/model.safetensors").write_bytes(b"other")
+    assert "no trip, yet the runs differ" in mod.twin_check(tmp_path / "g/f/ais/seed4", tmp_path / "u/f/ais/seed4",
+                                                            [], 6)  # fmt: skip
     assert by[0]["twin"] == "itself (no trip)" and by[0]["greedy_accuracy_none"] == 0.48
     assert by[1]["twin"] == "ok" and by[1]["trips"] == [4] and (by[1]["fell_guard"], by[1]["fell_none"]) == (0, 1)
     assert by[2]["twin"].startswith("missing") and "before the first trip (5)" in by[3]["twin"]
     assert out["unpaired"] == [2, 3] and out["falls"] == {"guard": 0, "none": 1}
     assert (out["tripped"], out["trips"]) == (1, 1)
     greedy = out["guard_minus_none"]["all"]["greedy_accuracy"]
-    assert greedy["n"] == 2 and greedy["mean"] == pytest.approx((0.0 + 0.20) / 2) and greedy["ties"] == 1
+    assert greedy["n"] == 3 and greedy["mean"] == pytest.approx((0.0 + 0.20 + 0.0) / 3) and greedy["ties"] == 2
     assert out["guard_minus_none"]["tripped"]["greedy_accuracy"]["n"] == 1
     assert json.loads((tmp_path / "benchmarks/results/guard_t.json").read_text())["falls"]["none"] == 1
     with pytest.raises(SystemExit, match="unknown keys"):

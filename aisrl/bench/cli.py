@@ -28,6 +28,17 @@ def options(argv: list[str], keys: Iterable[str], positional: bool = False,
     return pos, dict(a.split("=", 1) for a in argv if "=" in a)
 
 
+def flag(kw: Mapping[str, str], key: str, default: bool) -> bool:
+    """An on/off option: 1/true/yes or 0/false/no (any case), `default` when absent; anything else is an error naming
+    the key (a `hf=true` read as off would drop a measurement without a word)."""
+    text = kw.get(key)
+    if text is None:
+        return default
+    if text.lower() in ("1", "true", "yes", "0", "false", "no"):
+        return text.lower() in ("1", "true", "yes")
+    raise SystemExit(f"{key}={text!r}: give 1/true/yes or 0/false/no")
+
+
 def subcommand(argv: list[str], commands: Mapping[str, Iterable[str]]) -> tuple[str, dict[str, str]]:
     """(command, options) of `[COMMAND] [key=value ...]`; `commands` maps each command to its keys, the first being
     the default. The first argument is the command unless it holds '=' (an option of the default); an unknown command
