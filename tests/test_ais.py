@@ -120,6 +120,12 @@ def test_weights_bounded():
         a = res.metrics["alpha"].item()
         w = res.weights[mask]
         assert (w >= 1 - a - 1e-6).all() and (w <= max(1.0, cap) + 1e-6).all()
+    # at a fixed alpha far from 1 the bounds are sharp: w = 1 - a + a min(w_raw, cap), token by token
+    w_raw = (old - roll).exp()[mask]
+    for cap in (0.5, 2.0, 5.0):
+        w = correct("ais", old, roll, mask, cap=cap, alpha=0.3).weights[mask]
+        torch.testing.assert_close(w, 0.7 + 0.3 * w_raw.clamp(max=cap), rtol=1e-5, atol=1e-6)
+        assert w.min() >= 0.7 and w.max() <= 0.7 + 0.3 * cap + 1e-6
 
 
 def test_padding_never_changes_anything():

@@ -56,6 +56,9 @@ def test_tis_truncates_tokens(batch):
     close(res.weights, [[2.5, 0.4, 1.0], [3.0, 1.5, 0.0]])
     close(res.metrics["clip_frac_token"], 1 / 5)
     close(res.metrics["clip_frac_seq"], 1 / 2)
+    # the applied weights over the loss's tokens 2.5, 0.4, 1, 3, 1.5 (population std), never the padding's 0
+    for key, value in (("mean", 1.68), ("std", 0.953729), ("min", 0.4), ("max", 3.0)):
+        close(res.metrics[f"weight_{key}"], value)
 
 
 def test_tis_two_sided(batch):
@@ -126,6 +129,8 @@ def test_icepop_band(batch):
     close(res.weights, [[2.5, 0.4, 1.0], [0.0, 1.5, 0.0]])
     close(res.metrics["mask_frac_token"], 1 / 5)
     close(res.metrics["mask_frac_seq"], 0.0)
+    for key, value in (("mean", 1.35), ("std", 0.769740), ("min", 0.4), ("max", 2.5)):  # over the kept 2.5, 0.4, 1, 1.5
+        close(res.metrics[f"weight_{key}"], value)
 
 
 def test_seq_and_geo_masks(batch):
@@ -189,6 +194,11 @@ def test_ais_fixed_alpha_interpolates(batch):
     res = correct("ais", *batch, cap=3.0, alpha=0.5)
     close(res.weights, [[1.75, 0.7, 1.0], [2.0, 1.25, 0.0]])
     close(res.metrics["alpha"], 0.5)
+    # a floor lifts the small weights before the mix (0.4 -> 0.5), and Gamma is of the floored, capped weights
+    res = correct("ais", *batch, cap=3.0, floor=0.5, alpha=0.5)
+    close(res.weights, [[1.75, 0.75, 1.0], [2.0, 1.25, 0.0]])
+    wbar = torch.tensor([2.5, 0.5, 1.0, 3.0, 1.5], dtype=torch.float64)
+    close(res.metrics["variance_amplification"], ((wbar**2).mean() / wbar.mean() ** 2).item())  # 1.29758
 
 
 def test_ais_ema_uses_previous_alpha(batch):
@@ -196,6 +206,8 @@ def test_ais_ema_uses_previous_alpha(batch):
     res = correct("ais", *batch, ema=0.75, prev_alpha=0.2)
     close(res.metrics["alpha"], 0.75 * 0.2 + 0.25 * batch_alpha.item())
     close(res.metrics["alpha_batch"], batch_alpha.item())
+    a = 0.75 * 0.2 + 0.25 * batch_alpha.item()  # the weights are drawn with the smoothed alpha, not the batch's
+    close(res.weights, [[1 + a, 1 - 0.6 * a, 1.0], [1 + a, 1 + 0.5 * a, 0.0]])  # 1 + a (min(w, 2) - 1)
     with pytest.raises(ValueError, match="prev_alpha .* only matters for the ema: pass ema > 0"):
         correct("ais", *batch, prev_alpha=0.2)  # would silently do nothing
 

@@ -32,32 +32,39 @@ def test_group_advantages_bad_group_size(g):
 
 
 def _one_token(ratio, adv, **kw):
+    """(loss, metrics, d loss / d logp) of one token at `ratio`."""
     logp = torch.tensor([[math.log(ratio)]], requires_grad=True)
     old = torch.zeros(1, 1)
     loss, m = grpo_loss(logp, old, torch.tensor([adv]), torch.ones(1, 1, dtype=torch.bool), **kw)
-    return loss.item(), m
+    loss.backward()
+    return loss.item(), m, logp.grad.item()
 
 
+# The gradient of -A r with respect to log r is -A r where the unclipped term is the one taken, and 0 where a clip
+# (or the dual clip) holds it: a clipped token must not push the policy further.
 @pytest.mark.parametrize(
-    "ratio,adv,expected",
+    "ratio,adv,expected,grad",
     [
-        (1.5, 1.0, -1.2),  # -min(1.5, 1.2)
-        (1.5, -1.0, 1.5),  # -min(-1.5, -1.2)
-        (0.5, 1.0, -0.5),  # -min(0.5, 0.8)
-        (0.5, -1.0, 0.8),  # -min(-0.5, -0.8)
-        (1.1, 2.0, -2.2),  # inside the trust region
+        (1.5, 1.0, -1.2, 0.0),  # -min(1.5, 1.2): clipped
+        (1.5, -1.0, 1.5, 1.5),  # -min(-1.5, -1.2): the unclipped term
+        (0.5, 1.0, -0.5, -0.5),  # -min(0.5, 0.8): the unclipped term
+        (0.5, -1.0, 0.8, 0.0),  # -min(-0.5, -0.8): clipped
+        (1.1, 2.0, -2.2, -2.2),  # inside the trust region
     ],
 )
-def test_clipped_surrogate(ratio, adv, expected):
-    loss, _ = _one_token(ratio, adv)
-    assert loss == pytest.approx(expected, rel=1e-6)
+def test_clipped_surrogate(ratio, adv, expected, grad):
+    loss, _, g = _one_token(ratio, adv)
+    assert loss == pytest.approx(expected, rel=1e-6) and g == pytest.approx(grad, abs=1e-6)
 
 
 def test_asymmetric_clip_and_dual_clip():
-    assert _one_token(1.5, 1.0, clip=(0.2, 0.28))[0] == pytest.approx(-1.28, rel=1e-6)
-    loss, m = _one_token(4.0, -1.0, dual_clip=3.0)  # -min(-4, -1.2) = 4, bounded by 3
-    assert loss == pytest.approx(3.0) and m["pg_dual_clip_frac"] == 1.0
-    assert _one_token(4.0, 1.0, dual_clip=3.0)[0] == pytest.approx(-1.2)  # positive adv untouched
+    loss, _, g = _one_token(1.5, 1.0, clip=(0.2, 0.28))
+    assert loss == pytest.approx(-1.28, rel=1e-6) and g == 0.0
+    loss, m, g = _one_token(4.0, -1.0, dual_clip=3.0)  # -min(-4, -1.2) = 4, bounded by 3
+    assert loss == pytest.approx(3.0) and m["pg_dual_clip_frac"] == 1.0 and g == 0.0
+    loss, _, g = _one_token(4.0, 1.0, dual_clip=3.0)  # positive adv untouched by the dual clip; the clip holds it
+    assert loss == pytest.approx(-1.2) and g == 0.0
+    assert _one_token(2.5, -1.0, dual_clip=3.0)[2] == pytest.approx(2.5)  # under the dual bound: -A r
 
 
 def test_aggregations_by_hand():
@@ -250,6 +257,11 @@ def test_kl_metrics_stay_finite_for_extreme_log_ratios(loss_fn):
     bound = math.exp(RATIO_LOG_CLAMP)  # the k3 of the clamped log-ratio, the largest a token can give
     for key in ("approx_kl", "kl_ref"):
         assert math.isfinite(m[key].item()) and 0 < m[key].item() <= bound, key
+    # and exactly: approx_kl is k3 of the clamped log-ratios (+20, 0, -20, 0) over the 4 tokens; kl_ref is k3 of
+    # ref - logp clamped to -20 at the 100 token, 0 elsewhere, the -inf token skipped and counted (19 / 4)
+    k3 = lambda d: math.expm1(d) - d  # noqa: E731
+    assert m["approx_kl"].item() == pytest.approx((k3(20.0) + k3(-20.0)) / 4, rel=1e-6)
+    assert m["kl_ref"].item() == pytest.approx(k3(-20.0) / 4, rel=1e-6) and m["kl_ref_skipped_frac"].item() == 0.25
 
 
 @pytest.mark.parametrize("loss_fn", [grpo_loss, tbpo_loss])

@@ -50,10 +50,16 @@ def test_straight_through_gradients_reach_the_master_weights():
     layer = copy.deepcopy(lin)
     align_(nn.Sequential(layer, nn.Linear(4, 4)), quant_config("mxfp4_w4a4"))
     assert isinstance(layer, AlignedLinear) and set(dict(layer.named_parameters())) == {"weight", "bias"}
-    x = torch.randn(5, 64)
+    x = torch.randn(5, 64, requires_grad=True)
     layer(x).sum().backward()
     # d sum(xq W_q^T) / dW = 1^T xq with the quantised input xq: the STE passes it to W unchanged
-    from aisrl.quant import ACT_FORMATS
+    from aisrl.quant import ACT_FORMATS, FakeQuantLinear
+
+    # and to the input (the earlier layers' gradient): d / dx = 1 W_q, the quantised weight, not the master one
+    wq = FakeQuantLinear(lin, quant_config("mxfp4_w4a4")).weight
+    assert torch.allclose(x.grad, torch.ones(5, 4) @ wq, atol=1e-6)
+    assert not torch.allclose(x.grad, torch.ones(5, 4) @ lin.weight.detach(), atol=1e-6)
+    x = x.detach()
 
     xq = ACT_FORMATS["mxfp4"](x)
     assert torch.allclose(layer.weight.grad, xq.sum(0).expand(4, 64), atol=1e-6)

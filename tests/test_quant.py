@@ -201,8 +201,20 @@ def test_w4a4_quantises_activations_in_32_blocks():
     q = FakeQuantLinear(lin, quant_config("mxfp4_w4a4"))
     xq = quantize_mxfp4(x.reshape(15, 64)).reshape(3, 5, 64)
     assert len(torch.unique(xq[0, 0, :32].abs())) <= 8  # E2M1 has 8 magnitudes per shared block scale
+    assert torch.equal(q.weight, quantize_mxfp4(lin.weight.detach()))  # the stored weight is the MXFP4 one
     assert torch.equal(q(x), nn.functional.linear(xq, q.weight, q.bias))
     assert not torch.equal(q(x), FakeQuantLinear(lin, quant_config("mxfp4"))(x))  # the input really is quantised
+
+
+def test_nvfp4_activations_round_each_token_on_its_own():
+    # per-row activation scales: a token's rounding never depends on the rest of its batch (a batch-wide scale would
+    # let one large row coarsen the others' grid)
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 8)
+    q = FakeQuantLinear(lin, quant_config("nvfp4_w4a4"))
+    x = torch.randn(2, 64)
+    loud = torch.cat([x[:1], 100 * x[1:]])
+    torch.testing.assert_close(q(loud)[:1], q(x[:1]), rtol=0, atol=1e-6)  # (GEMM rounding of another batch size)
 
 
 def test_mxfp4_block_exponent_is_exact_just_below_a_power_of_two():

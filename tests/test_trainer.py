@@ -686,7 +686,8 @@ def test_correction_options_reach_the_correction(tmp_path, monkeypatch):
 
 
 def test_unscaled_advantages_keep_the_reward_scale(tmp_path, monkeypatch):
-    # rewards 0 or 10: a group's std is 3.5-5.3, so GRPO's scaled advantages are about +-1 and unscaled ones +-5;
+    # rewards 0 or 10 in groups of four: a mixed group's (unbiased) std is 5.0 or 5.8, so the scaled advantages are
+    # the unscaled ones over 5-5.8 (groups of one reward have advantage 0 either way);
     # at the first step the PPO ratio is 1 and the gradient is linear in the advantages
     monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (10.0 * (len(text) % 2), False))
     base = [*TINY, "max_steps=1", "rollout.quant=none"]  # grad_norm is measured before any clipping

@@ -32,13 +32,13 @@ def test_update_seconds_add_up_over_epochs_and_metrics_average(monkeypatch):
     def one_epoch(*args):
         calls.append(1)
         model.weight.grad = torch.ones_like(model.weight)
-        return {"loss": 1.0, "time_forward": 0.5, "time_backward": 1.5}
+        return {"loss": float(len(calls)), "time_forward": 0.5, "time_backward": 1.5}  # 1, 2, 3
 
     monkeypatch.setattr(up, "accumulate_gradient", one_epoch)
     cfg = SimpleNamespace(epochs=3, grad_clip=1.0)
     res = SimpleNamespace(mask=torch.ones(1, 3, dtype=torch.bool))
     acc = up._update(cfg, model, None, torch.optim.SGD(model.parameters(), lr=0.1), None, None, None, res, None, None)
-    assert len(calls) == 3 and acc["loss"] == pytest.approx(1.0)  # metrics: means over epochs
+    assert len(calls) == 3 and acc["loss"] == pytest.approx(2.0)  # metrics: means over epochs (not the last's 3)
     assert acc["time_forward"] == pytest.approx(1.5) and acc["time_backward"] == pytest.approx(4.5)  # seconds: sums
     assert 0.0 < acc["time_optimizer"] < 5.0
 
@@ -101,3 +101,40 @@ def test_a_step_with_every_token_rejected_is_skipped_whole_at_any_epoch_count(mo
         acc = up._update(SimpleNamespace(epochs=epochs, grad_clip=1.0), model, None, opt, None, None, None, nothing,
                          None, None)  # fmt: skip
         assert acc["update_skipped"] == 1.0, epochs
+
+
+@pytest.mark.parametrize(("loss", "agg"), [("grpo", "token-mean"), ("grpo", "seq-mean-token-mean"),
+                                          ("grpo", "seq-mean-token-sum"), ("grpo", "seq-mean-token-sum-norm"),
+                                          ("tbpo", "seq-mean")])  # fmt: skip
+def test_micro_batches_accumulate_the_full_batch_gradient_and_metrics(loss, agg):
+    # every row its own parameter row: logp = old + theta, so ratios are exp(theta), some clipped; one row has no
+    # token. Micro-batches of 3 in a shuffled order must give the one-batch gradient and metrics, for every loss
+    gen = torch.Generator().manual_seed(0)
+    n, t = 10, 6
+    theta = torch.nn.Parameter(torch.randn(n, t, generator=gen) * 0.3)
+    old = -torch.rand(n, t, generator=gen) * 2
+    mask = torch.rand(n, t, generator=gen) > 0.3
+    mask[4] = False
+    adv, w = torch.randn(n, generator=gen), 0.5 + torch.rand(n, t, generator=gen)
+
+    class Rows:
+        def __init__(self, idx):
+            self.idx, self.completion_ids = idx, torch.zeros(len(idx), t)
+
+        def select(self, part):
+            return Rows(self.idx[part])
+
+    res = SimpleNamespace(mask=mask, weights=w)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(1))
+    out = {}
+    for micro in (n, 3):
+        cfg = SimpleNamespace(loss=loss, agg=agg, dual_clip=None, micro_batch=micro, clip_low=0.2, clip_high=0.2,
+                              kl_coef=0.0, rollout=SimpleNamespace(max_new_tokens=t))  # fmt: skip
+        theta.grad = None
+        m = up.accumulate_gradient(cfg, torch.nn.Linear(1, 1), None, Rows(torch.arange(n)), old, adv, res,
+                                   lambda model, rows: old[rows.idx] + theta[rows.idx], order)  # fmt: skip
+        out[micro] = theta.grad.clone(), {k: v for k, v in m.items() if not k.startswith("time")}
+    (g_full, m_full), (g_micro, m_micro) = out[n], out[3]
+    assert g_full.abs().max() > 0 and (g_full[4] == 0).all()  # something to learn, nothing from the empty row
+    torch.testing.assert_close(g_micro, g_full, rtol=1e-5, atol=1e-7)
+    assert m_micro.keys() == m_full.keys() and all(m_micro[k] == pytest.approx(m_full[k], abs=1e-6) for k in m_full)
