@@ -10,11 +10,19 @@ from __future__ import annotations
 import torch
 
 
-def apply_lora(model, r: int, alpha: float, targets: list[str], dropout: float = 0.0):
+def apply_lora(model, r: int, alpha: float, targets: list[str], dropout: float = 0.0, optional=()):
+    """The model with LoRA adapters on the linear layers `targets` names (peft's rule: a module whose name is the
+    target or ends in '.' + target). A target that names no module is an error (peft adapts the others without a
+    word), except those in `optional` (the default list, written for several architectures)."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as e:
         raise ImportError("lora.r > 0 needs peft: pip install peft") from e
+    modules = [m for m, _ in model.named_modules()]
+    unmatched = [t for t in targets if t not in optional and not any(m == t or m.endswith(f".{t}") for m in modules)]
+    if unmatched:
+        leaves = sorted({m.rsplit(".", 1)[-1] for m, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)})
+        raise ValueError(f"lora.targets {unmatched} name no module of this model; its linear layers are {leaves}")
     names: dict[int, list[str]] = {}  # parameter -> every name it has (tied embeddings: two)
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)

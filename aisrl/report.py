@@ -18,7 +18,8 @@ def _mean(xs):
 
 TIMES = ("time_rollout", "time_logprob", "time_calibrate", "time_correction", "time_train", "time_sync")
 """Seconds a step spends in each phase (the trainer logs them; a phase it skipped counts 0, e.g. time_calibrate
-outside calibration steps)."""
+outside calibration steps). time_correction includes the mismatch guard's undo copy (correction.guard > 0), and
+time_sync a LoRA run's merge of its adapters."""
 TRAIN_PARTS = ("time_forward", "time_backward", "time_optimizer")
 """The parts of time_train (aisrl.update): forward passes and loss, backward passes (with gradient averaging over
 ranks), gradient clipping and optimizer steps; the rest of time_train is bookkeeping between micro-batches."""

@@ -297,6 +297,9 @@ def resolve_device(name: str) -> torch.device:
 
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda:") and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every rank would take that GPU
+        raise ValueError(f"device={name} names one GPU for every torchrun process; use device=cuda (or auto): each "
+                         "process then trains on the GPU of its LOCAL_RANK")  # fmt: skip
     per_rank = name == "cuda" and "LOCAL_RANK" in os.environ
     if per_rank:
         name = f"cuda:{os.environ['LOCAL_RANK']}"  # torchrun: one GPU per rank
@@ -440,6 +443,9 @@ def validate(cfg: TrainConfig) -> None:
         if cfg.rollout.quant in PRESETS and PRESETS[cfg.rollout.quant].kv_cache:
             raise ValueError(f"rollout.quant={cfg.rollout.quant!r} quantises a KV cache, which a diffusion model "
                              "(bidirectional, no cache) does not have; use the preset without _kv")  # fmt: skip
+        if cfg.diffusion.mask_id < -1 or (cfg.model.name == "lab" and cfg.diffusion.mask_id != -1):
+            raise ValueError(f"diffusion.mask_id={cfg.diffusion.mask_id}: -1 (the model's own [MASK] id; the diffusion "
+                             "lab's is fixed by its tokenizer) or a model's [MASK] token id (LLaDA-8B: 126336)")
     if cfg.group_size < 2:
         raise ValueError("group_size must be >= 2 (GRPO advantages compare completions of one prompt)")
     resolve_device(cfg.device)  # raises on a bad name or a GPU that is not there

@@ -37,7 +37,9 @@ from aisrl.checkpoint import (
     read_jsonl,
     record_config,
     record_start,
+    run_start,
     save_checkpoint,
+    weights_digest,
 )
 from aisrl.correction import correct, restrict
 from aisrl.dist import all_sum, rank_rng_states
@@ -51,6 +53,7 @@ from aisrl.solrl import select_extremes
 from aisrl.tracking import Tracker
 from aisrl.train_config import (
     PRECISIONS,
+    LoraSettings,
     TrainConfig,
     correction_options,
     diffusion_params,
@@ -97,7 +100,7 @@ def build_trained(cfg: TrainConfig, weights: Path):
     merged, so the model returned is the plain model the run trained."""
     model, tok, task, encode = build(cfg)
     if cfg.lora.r > 0:
-        model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.targets)
+        model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.targets, optional=LoraSettings().targets)
     load_weights(model, weights)
     return (model.merge_and_unload() if cfg.lora.r > 0 else model), tok, task, encode
 
@@ -120,6 +123,10 @@ def _chat_encoder(tok):
 def _mask_id(cfg: TrainConfig, tok, model) -> int:
     """The [MASK] id of a diffusion model: diffusion.mask_id, else the checkpoint's config, else the tokenizer's."""
     if cfg.diffusion.mask_id >= 0:
+        vocab = getattr(getattr(model, "config", None), "vocab_size", None)  # remote-code models may lack embeddings
+        if vocab is not None and cfg.diffusion.mask_id >= vocab:
+            raise ValueError(f"diffusion.mask_id={cfg.diffusion.mask_id} is outside {cfg.model.name!r}'s vocabulary "
+                             f"[0, {vocab}); give its [MASK] token id, or -1 to read it from the checkpoint")
         return cfg.diffusion.mask_id
     if cfg.model.name == "lab":
         from aisrl.diffusion_lab import mask_id_of
@@ -220,7 +227,8 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
     # the KL reference is the starting policy as the trainer computes it (aligned too: no quantisation gap in the KL)
     ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 and cfg.lora.r == 0 else None
     if cfg.lora.r > 0:
-        model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.targets, cfg.lora.dropout)
+        model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.targets, cfg.lora.dropout,
+                           optional=LoraSettings().targets)  # fmt: skip
         ref = model if cfg.kl_coef > 0 else None  # the reference is the base model: adapters off, no copy
     if p_drop := active_dropout(model):
         log(f"dropout p={p_drop} is active while training (lora.dropout, or the model's own): old "
@@ -242,6 +250,12 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
     if ckpt is not None:
         if rank == 0:  # one trainer per folder, until train returns
             opened.append(hold_run(out))
+        recorded = run_start(out)  # the KL reference is rebuilt, not saved: it must be the weights the run began from
+        if ref is not None and ref is not model and recorded and weights_digest(ref.state_dict()) != recorded:
+            raise ValueError(f"{out} started from other weights than those built here (start.json; a warm start "
+                             "rebuilt on another kind of CPU, say), and with kl_coef > 0 they are its KL reference: "
+                             "resume where its warm start was built (the same AISRL_CACHE), or branch with "
+                             "kl_coef=0")  # fmt: skip
         state = load_checkpoint(ckpt, model, opt, rank)
         start = state["step"]
         prev_alpha, guard_state, end_point, past = _resumed(cfg, state["extra"], log)
@@ -363,8 +377,10 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
             sched.step()
         t["time_train"] = time.perf_counter() - t0
-        # 5. weight sync into the rollout copy
-        t["time_sync"] = sync(merged_state(model))
+        # 5. weight sync into the rollout copy (a LoRA run's merge of its adapters included)
+        t0 = time.perf_counter()
+        sync(merged_state(model))
+        t["time_sync"] = time.perf_counter() - t0
         # a tripped batch is an outlier and an unmeasured one measured nothing: both stay out of the AIS EMA
         prev_alpha = alpha if measured_batch and not tripped else prev_alpha
         row = {"step": step, **row, "reward": reward_sum / n_scored.clamp(min=1),

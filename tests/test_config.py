@@ -210,6 +210,13 @@ def test_more_torchrun_ranks_than_gpus_is_refused_with_the_process_count_to_use(
     with pytest.raises(ValueError, match=r"device 'cuda:1' asked for, but this machine has 0 CUDA devices"):
         resolve_device("cuda")
     assert resolve_device("auto") == torch.device("cpu")
+    # one explicit GPU for every torchrun process (before: all ranks on cuda:1, NCCL's duplicate-GPU failure later)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="device=cuda:1 names one GPU for every torchrun process; use device=cuda"):
+        resolve_device("cuda:1")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(ValueError, match=r"device 'cuda:1' asked for, but this machine has 0"):  # a single process
+        resolve_device("cuda:1")
 
 
 def test_a_yaml_nan_is_refused_as_on_the_command_line(tmp_path):

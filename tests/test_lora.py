@@ -124,4 +124,9 @@ def test_a_target_whose_weight_is_tied_is_refused():
     with pytest.raises(ValueError, match=r"adapts 'lm_head', whose weight is tied to \['model.embed_tokens.weight'\]"):
         apply_lora(model, r=2, alpha=4, targets=["q_proj", "lm_head"])
     apply_lora(tiny_model(seed=0, tie_word_embeddings=True), r=2, alpha=4, targets=["q_proj"])  # the default targets
+    # a misspelt target is named with the layers there are (before: peft adapted q_proj alone, without a word)
+    with pytest.raises(ValueError, match=r"lora.targets \['vproj'\] name no module of this model; its linear layers"):
+        apply_lora(tiny_model(seed=0), r=2, alpha=4, targets=["q_proj", "vproj"])
+    adapted = apply_lora(tiny_model(seed=0), r=2, alpha=4, targets=["q_proj", "w_gate"], optional=["w_gate"])
+    assert any(n.endswith("q_proj.lora_A.default.weight") for n, _ in adapted.named_parameters())
     apply_lora(tiny_model(seed=0), r=2, alpha=4, targets=["lm_head"])  # an untied head may be adapted

@@ -721,6 +721,12 @@ def test_kl_to_a_frozen_copy_of_the_starting_model(tmp_path, monkeypatch):
     first, *later = rows(tmp_path)
     assert abs(first["kl_ref"]) < 1e-6  # the first step samples the reference itself
     assert all(r["kl_ref"] > 1e-6 for r in later)  # then the policy leaves it, and the copy stays behind
+    # resumed, the reference is rebuilt: it must be the weights the run began from (start.json)
+    train(load_config("lab", [*TINY, "max_steps=4", "kl_coef=0.1", f"output_dir={tmp_path}"]), log=lambda _: None)
+    assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3, 4]
+    (tmp_path / "start.json").write_text(json.dumps({"weights": "0123456789abcdef"}))  # another machine's warm start
+    with pytest.raises(ValueError, match="started from other weights than those built here .* KL reference"):
+        train(load_config("lab", [*TINY, "max_steps=5", "kl_coef=0.1", f"output_dir={tmp_path}"]), log=lambda _: None)
 
 
 def test_a_batch_with_no_scored_token_stays_out_of_the_alpha_ema_and_the_guard_baseline(tmp_path, monkeypatch):

@@ -50,6 +50,9 @@ def test_bad_diffusion_geometry_is_named(tmp_path, capsys):
     assert "rollout.temperature=0.0: training samples, so it must be > 0" in capsys.readouterr().err
     assert main(["train", "lab", *TINY, "rollout.quant=fp8_e4m3_w8a8_kv", f"output_dir={tmp_path}"]) == 2
     assert "which a diffusion model (bidirectional, no cache) does not have" in capsys.readouterr().err
+    for bad in ("3", "-2"):  # the lab's [MASK] id is its tokenizer's (before: 3 sampled the real [MASK], IndexError)
+        assert main(["train", "lab", *TINY, f"diffusion.mask_id={bad}", f"output_dir={tmp_path}"]) == 2
+        assert f"diffusion.mask_id={bad}: -1 (the model's own [MASK] id" in capsys.readouterr().err
 
 
 CONFIG_CODE = """
@@ -145,6 +148,8 @@ def test_diffusion_checkpoint_without_a_mask_id_is_named(tmp_path, capsys):
     ]
     assert main(args) == 2
     assert "set diffusion.mask_id (LLaDA-8B uses 126336)" in capsys.readouterr().err
+    assert main([*args, "diffusion.mask_id=100000"]) == 2  # past the vocabulary (before: an embedding IndexError)
+    assert "diffusion.mask_id=100000 is outside" in capsys.readouterr().err
 
 
 def test_a_long_completion_widens_the_diffusion_lab_model_and_the_default_keeps_its_width(tmp_path):
