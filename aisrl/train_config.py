@@ -107,7 +107,9 @@ class CorrectionConfig:
     calibrate_every: int = 0
     """Every this many steps from step 1 (0 = off), also sample the step's prompts from the full-precision trainer
     with the same seeds, and train from then on with the correction among `candidates` whose gradient on the
-    low-precision batch is nearest the full-precision batch's (aisrl.calibrate). `name` is then unused."""
+    low-precision batch is nearest the full-precision batch's (aisrl.calibrate). `name` is then unused. The
+    gradients compared are the whole loss's: with kl_coef > 0 the KL term's difference between the two batches, which
+    no correction weights, is in every candidate's distance."""
     candidates: list[str] = field(default_factory=lambda: ["tis", "prefix_tis", "seq_tis"])
     """The corrections a calibration chooses from (with calibrate_every > 0)."""
     calibrate_window: int = 8
