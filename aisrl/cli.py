@@ -22,10 +22,10 @@ def _mismatch(args) -> int:
     from aisrl.doctor import DoctorConfig, main
 
     keys = [k.split("=", 1)[0].strip() for k in args.overrides]
-    if args.preset or "start" in keys:  # what these set, given anyway (even at its default value), would be ignored
+    if args.preset or {"preset", "start"} & set(keys):  # what these set, given anyway (even at its default), is ignored
         given = [k for k in ("model", "task", "max_new_tokens", "temperature")
                  if k in keys or getattr(args, k, None) is not None]  # fmt: skip
-        what = f"the preset ({args.preset!r})" if args.preset else "the run (start=...)"
+        what = f"the preset ({args.preset!r})" if args.preset else "the preset or run (preset=, start=)"
         if given:
             raise ValueError(f"with a preset or start, {given} come from {what}; drop them, or diagnose the model "
                              "without preset and start")  # fmt: skip

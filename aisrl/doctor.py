@@ -95,7 +95,11 @@ class DoctorConfig:
     weights at STEP) instead of a preset's initial model, e.g. runs/x/nvfp4_w4a4/ais/seed42:100. How the mismatch
     spreads over the layers changes as training moves the policy (BENCHMARKS.md section 3). The formats are `formats`
     with the doctor's `keep`, not the run's rollout settings: a run's rollout.keep is given again as keep=[...], and
-    QaRL's alignment (rollout.align) is not applied."""
+    QaRL's alignment (rollout.align) is not applied. The prompts are the task's training ones drawn with the
+    doctor's `seed`, not the run's own batches."""
+    device: str = "auto"
+    """Where the models run: auto (a GPU where there is one), cpu, cuda or cuda:N. The figures of BENCHMARKS.md were
+    measured on a CPU; a GPU's kernels round a little differently."""
 
 
 def _prompt_ids(cfg: DoctorConfig, tok) -> list[list[int]]:
@@ -142,8 +146,16 @@ def _run_checkpoint(cfg: DoctorConfig) -> tuple[str, Path]:
         raise ValueError(f"start={cfg.start!r}: give RUN:STEP, a folder `aisrl train` wrote and one of its checkpoint "
                          "steps, e.g. start=runs/x/nvfp4_w4a4/ais/seed42:100")  # fmt: skip
     path = saved_weights(run, int(step))
-    if cfg.preset and (Path(run) / "config.json").is_file():
-        raise ValueError(f"{run} records its settings (config.json); drop preset={cfg.preset!r}, the run's are used")
+    if cfg.preset and (Path(run) / "config.json").is_file():  # a config.json that still loads is the run's settings
+        from aisrl.train_config import load_config
+
+        try:
+            load_config(str(Path(run) / "config.json"))
+        except ValueError:  # written by another version of aisrl: the preset stands in for it
+            pass
+        else:
+            raise ValueError(f"{run} records its settings (config.json); drop preset={cfg.preset!r}, the run's are "
+                             "used")  # fmt: skip
     try:
         return recorded_base(Path(run), cfg.preset), path
     except ValueError as e:  # its advice (overrides) is `aisrl branch`'s: this command takes no training keys
@@ -168,10 +180,13 @@ def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:
             raise ValueError(f"with a preset or start, {given} come from {what}; drop them, or diagnose the model "
                              "without preset and start")  # fmt: skip
     checkpoint = _run_checkpoint(cfg) if cfg.start else None  # a bad RUN:STEP fails before the model is built
+    from aisrl.train_config import resolve_device
     from aisrl.trainer import _score_at
 
+
+    device = resolve_device(cfg.device)  # a bad name fails before any model is loaded
     model, prompts, policy, precision = _subject(cfg, model, tok, checkpoint)
-    model.eval()
+    model.to(device).eval()
     seeds = [cfg.seed * 100_003 + i for i in range(len(prompts))]
     out = {}
     for name in cfg.formats:
@@ -231,10 +246,11 @@ def sensitivity_table(rows: list[dict], top: int = 12) -> str:
                              f"{x['weights']:.1%} |" for x in rows[:top]) + "\n"  # fmt: skip
 
 
-def keep_hint(rows: list[dict], top: int = 2) -> str:
+def keep_hint(rows: list[dict], top: int = 2, kept: list[str] = ()) -> str:
     """The training override that keeps the `top` layers of layer_sensitivity, and how to check that set: one
-    layer's effect is measured alone, and two layers' roundings can cancel or add."""
-    keep = "[" + ",".join(x["layer"] for x in rows[:top]) + "]"
+    layer's effect is measured alone, and two layers' roundings can cancel or add. `kept`: the layers the ranking was
+    measured with already kept (the doctor's `keep`), which the override keeps too."""
+    keep = "[" + ",".join([*kept, *(x["layer"] for x in rows[:top])]) + "]"
     return (f"to keep the top {min(top, len(rows))}: \"rollout.keep={keep}\" in training; measure that set first "
             f"with \"keep={keep}\" (without per_layer)")  # fmt: skip
 
@@ -282,7 +298,7 @@ def main(cfg: DoctorConfig, out_dir: str | Path) -> dict:
         if "per_layer" in r:
             print(f"{name}: the layers whose full precision removes most of the mismatch")
             print(sensitivity_table(r["per_layer"]))
-            print(keep_hint(r["per_layer"]))
+            print(keep_hint(r["per_layer"], kept=cfg.keep))
     write_json(out_dir / "mismatch.json", {"config": cfg.__dict__, "machine": machine(), "formats": result})
     try:
         histogram(result, out_dir / "logratio_hist.png")

@@ -26,6 +26,7 @@ import random
 import re
 import threading
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 from aisrl.config import check_like_default
@@ -112,9 +113,9 @@ class Task:
             if len(out) == n:
                 return out
         raise ValueError(f"task {self.name!r} could not produce {n} distinct {split} problems (it has about "
-                         f"{len(out)} under these options): ask for fewer (train_problems, eval_problems; "
-                         "lab.sft_examples for the lab's warm start) or widen the task (a larger max_operand, "
-                         "more holes, ...)")  # fmt: skip
+                         f"{len(out)} under these options): ask for fewer (training: train_problems, "
+                         "eval_problems, lab.sft_examples for the lab's warm start; aisrl mismatch: prompts) or widen "
+                         "the task (a larger max_operand; for sudoku4 a hole count nearer 8, ...)")  # fmt: skip
 
     def reward(self, completion: str, problem: Problem) -> tuple[float, bool]:
         """(format + correctness reward, correct?)."""
@@ -197,8 +198,9 @@ def column_trace(a: int, b: int) -> str:
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
 
-def _safe_eval(expr: str) -> tuple[float, list[int]] | None:
-    """Evaluate an arithmetic expression of integers with + - * / and parentheses; (value, numbers used).
+def _safe_eval(expr: str) -> tuple[Fraction, list[int]] | None:
+    """Evaluate an arithmetic expression of integers with + - * /, signs and parentheses; (value, numbers used).
+    Exactly, in fractions: a float's rounding would let 3*5+7+1/9000/9000/9000 reach 22.
 
     Model output is untrusted: long expressions and huge literals are refused before parsing, and any
     arithmetic failure (division by zero, overflow, recursion depth) counts as a wrong answer."""
@@ -216,9 +218,11 @@ def _safe_eval(expr: str) -> tuple[float, list[int]] | None:
             return ev(node.body)
         if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
             used.append(node.value)
-            return node.value
+            return Fraction(node.value)
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):  # -5+3: no number more
+            return -ev(node.operand) if isinstance(node.op, ast.USub) else ev(node.operand)
         raise ValueError("not allowed")
 
     try:
@@ -262,7 +266,7 @@ class Countdown(Task):
             if u not in pool:
                 return False
             pool.remove(u)
-        return abs(value - problem.meta["target"]) < 1e-9
+        return value == problem.meta["target"]
 
 
 class Sudoku4(Task):

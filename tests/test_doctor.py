@@ -37,6 +37,10 @@ def test_unknown_format_fails_before_loading(capsys):
     assert "with a preset or start, ['model', 'temperature'] come from the preset ('lab')" in capsys.readouterr().err
     assert main(["mismatch", "--preset", "lab", "--model", "smollm2", "--task", "arithmetic"]) == 2  # the defaults too
     assert "with a preset or start, ['model', 'task'] come from the preset ('lab')" in capsys.readouterr().err
+    assert main(["mismatch", "--model", "smollm2", "preset=lab"]) == 2  # a preset given as a key, likewise
+    assert "['model'] come from the preset or run (preset=, start=)" in capsys.readouterr().err
+    assert main(["mismatch", "--model", "tiny-llama", "device=tpu"]) == 2  # before any model is loaded
+    assert "device 'tpu' is not a device name" in capsys.readouterr().err
     for args, message in ((["--formats", ","], "formats is empty"), (["--formats", ""], "formats is empty"),
                           (["prompts=0"], "prompts must be >= 1, got 0"),
                           (["max_new_tokens=0"], "max_new_tokens must be >= 1, got 0"),
@@ -131,6 +135,9 @@ def test_per_layer_sensitivity_is_the_mismatch_with_each_layer_kept_alone():
     assert f"| {rows[0]['layer']} |" in sensitivity_table(rows)
     hint = keep_hint(rows)
     assert f'"rollout.keep=[{rows[0]["layer"]},{rows[1]["layer"]}]"' in hint and f'"keep=[{rows[0]["layer"]},' in hint
+    # ranked with a layer kept already: the override keeps it too (before: it was dropped from the advice)
+    hint = keep_hint(rows, kept=["model.embed"])
+    assert f'"rollout.keep=[model.embed,{rows[0]["layer"]},{rows[1]["layer"]}]"' in hint
 
 
 def test_keep_applies_to_every_format_and_reports_the_kept_share():
@@ -176,6 +183,13 @@ def test_start_examines_a_runs_checkpoint_with_the_runs_settings(tmp_path, monke
         diagnose(DoctorConfig(start=f"{run}:2", preset="lab"))
     with pytest.raises(ValueError, match=r"\['temperature'\] come from the run"):
         diagnose(DoctorConfig(start=f"{run}:2", temperature=0.5))
+    # a config.json an older aisrl wrote no longer loads: the preset stands in for it (before: refused either way)
+    recorded = (run / "config.json").read_text()
+    (run / "config.json").write_text(json.dumps({**json.loads(recorded), "old_removed_key": 1}))
+    assert _run_checkpoint(DoctorConfig(start=f"{run}:2", preset="lab"))[0] == "lab"
+    with pytest.raises(ValueError, match="no longer loads .* takes no training keys: .* pass --preset FILE"):
+        _run_checkpoint(DoctorConfig(start=f"{run}:2"))
+    (run / "config.json").write_text(recorded)
     (run / "config.json").unlink()  # a run from before runs recorded their settings: the way to give them here
     with pytest.raises(ValueError, match="has no config.json .* takes no training keys: .* pass --preset FILE"):
         diagnose(DoctorConfig(start=f"{run}:2", formats=["mxfp4_w4a4"]))

@@ -41,6 +41,13 @@ def test_countdown_rewards():
     assert t.reward(wrap("3*3+13"), p)[1] is False  # 3 used twice, 13 not given
     assert t.reward(wrap("__import__('os')"), p) == (0.5, False)  # never evaluated
     assert t.reward(wrap("22"), p)[1] is False
+    # exact arithmetic: a float's rounding let a near miss count (before: True at 1e-9 of the target)
+    many = Problem("", "(3*5)+7", meta={"numbers": [3, 5, 7, 1, 9000, 9000, 9000], "target": 22})
+    assert not t.check("3*5+7+1/9000/9000/9000", many) and not t.check("3*5+7-1/(9000*9000)/9000", many)
+    assert t.check("(3*5*9000+7*9000)/9000", many)  # a division that lands exactly on the target still counts
+    assert t.check("7/(1/3)+1", Problem("", "", meta={"numbers": [7, 1, 3, 1], "target": 22}))  # 21 + 1, exactly
+    negative = Problem("", "3-5", meta={"numbers": [3, 5, 8], "target": -2})  # a sign uses no number (as eval reads it)
+    assert all(t.check(a, negative) for a in ("3-5", "-5+3", "-(5-3)")) and not t.check("-(5+3)", negative)
 
 
 def test_sudoku_rewards():
