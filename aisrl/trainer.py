@@ -95,12 +95,17 @@ def build(cfg: TrainConfig):
     return model, tok, _file_or_named_task(cfg), _chat_encoder(tok)
 
 
+def _with_lora(cfg: TrainConfig, model, dropout: float = 0.0):
+    """The model with the run's LoRA adapters (lora.*); a default target the architecture lacks is no error."""
+    return apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.targets, dropout, optional=LoraSettings().targets)
+
+
 def build_trained(cfg: TrainConfig, weights: Path):
     """build(cfg) with a checkpoint's weights: for a LoRA run (lora.r > 0) the adapters are applied, loaded and
     merged, so the model returned is the plain model the run trained."""
     model, tok, task, encode = build(cfg)
     if cfg.lora.r > 0:
-        model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.targets, optional=LoraSettings().targets)
+        model = _with_lora(cfg, model)
     load_weights(model, weights)
     return (model.merge_and_unload() if cfg.lora.r > 0 else model), tok, task, encode
 
@@ -227,8 +232,7 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
     # the KL reference is the starting policy as the trainer computes it (aligned too: no quantisation gap in the KL)
     ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 and cfg.lora.r == 0 else None
     if cfg.lora.r > 0:
-        model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.targets, cfg.lora.dropout,
-                           optional=LoraSettings().targets)  # fmt: skip
+        model = _with_lora(cfg, model, cfg.lora.dropout)
         ref = model if cfg.kl_coef > 0 else None  # the reference is the base model: adapters off, no copy
     if p_drop := active_dropout(model):
         log(f"dropout p={p_drop} is active while training (lora.dropout, or the model's own): old "
@@ -345,7 +349,7 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
                                      **correction_options(cfg, prev_alpha, name)) for name in picked}, picked)
         (n_err,) = all_sum(errors.sum().double())
         res.metrics["error_token_frac"] = n_err / res.metrics["num_tokens"].clamp(min=1)
-        res = res if keep is None else restrict(res, keep, normalize=bool(cfg.correction.options.get("normalize")))
+        res = _restricted(cfg, res, keep)
         alpha = res.metrics["alpha"].item() if "alpha" in res.metrics else None
         measured_batch = res.metrics["num_tokens"].item() > 0  # no token the trainer could score: nothing measured
         tripped = guard.tripped(res.metrics["k3_kl"].item() if measured_batch else float("nan"))
@@ -470,10 +474,16 @@ def _full_precision_gradient(cfg: TrainConfig, model, ref, policy, task, tok, ba
     return _gradient(cfg, model, ref, full, old_logp, adv, plain, score, policy)
 
 
+def _restricted(cfg: TrainConfig, res, keep):
+    """The correction result with only the tokens of `keep` (N, T) left (None: all), its weights renormalized there
+    when the correction normalizes them."""
+    return res if keep is None else restrict(res, keep, normalize=bool(cfg.correction.options.get("normalize")))
+
+
 def _gradient(cfg: TrainConfig, model, ref, r, old_logp, adv, res, score, policy, keep=None) -> torch.Tensor:
     """(P,) the flat gradient one update pass of this batch would take (on the tokens in `keep` (N, T), if given),
     left out of the model's .grad."""
-    res = res if keep is None else restrict(res, keep, normalize=bool(cfg.correction.options.get("normalize")))
+    res = _restricted(cfg, res, keep)
     model.zero_grad(set_to_none=True)
     accumulate_gradient(cfg, model, ref, r, old_logp, adv, res, score, policy.order(r))
     g = flat_grad(model)
