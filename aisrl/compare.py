@@ -264,11 +264,11 @@ def _check_runs(runs: list[Run], cfg: CompareConfig, to_train: list[Run]) -> Non
 
     for run in runs:
         tc = load_config(cfg.preset, run.overrides(cfg))
-        try:
-            if run in to_train:
+        if run in to_train:
+            try:
                 validate(tc)
-        except ValueError as e:
-            raise ValueError(f"{run.group} cannot train with these settings: {e}") from e
+            except ValueError as e:
+                raise ValueError(f"{run.group} cannot train with these settings: {e}") from e
         path = run.path(cfg.out) / "config.json"
         if path.exists() and latest_step(run.path(cfg.out)) is not None:  # no checkpoint: nothing to continue
             changes = config_changes(json.loads(path.read_text()), asdict(tc), defaults=asdict(TrainConfig()))
@@ -418,9 +418,9 @@ def _evaluate_finals(cfg: CompareConfig, done: list[Run], log, max_steps: int) -
         return set()
     failed = set()
     for i, run in enumerate(done, 1):
-        if latest_step(run.path(cfg.out)) != max_steps:
+        if (latest := latest_step(run.path(cfg.out))) != max_steps:
             log(f"compare: {run.group} seed {run.seed} went on past step {max_steps} (latest checkpoint: step "
-                f"{latest_step(run.path(cfg.out))}); its final-model scores stay empty")  # fmt: skip
+                f"{latest}); its final-model scores stay empty")  # fmt: skip
             failed.add(run)
             continue
         if i == 1 or i % 10 == 0:
