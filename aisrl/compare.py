@@ -150,7 +150,8 @@ def _static_on_gpu(cfg: CompareConfig) -> tuple[bool, bool]:
     from aisrl.train_config import resolve_device
 
     tc = _study_config(cfg)
-    return resolve_device(tc.device).type == "cuda", tc.rollout.engine == "static"
+    gpu = tc.device.startswith("cuda") or resolve_device(tc.device).type == "cuda"  # named: no need to have one here
+    return gpu, tc.rollout.engine == "static"
 
 
 def reference_format(cfg: CompareConfig) -> str:
@@ -170,17 +171,17 @@ def reference_format(cfg: CompareConfig) -> str:
 
 
 def _recorded_static_on_gpu(cfg: CompareConfig) -> tuple[bool, bool] | None:
-    """`_static_on_gpu` as the first reference run that recorded its start trained (its config and the machine of
-    its start.json: 'auto' trained on a GPU where that machine had one), or None before any did."""
+    """`_static_on_gpu` as the first reference run that recorded its config trained (its device, and for 'auto' the
+    machine of its start.json: a GPU where that machine had one), or None before any did."""
     from aisrl.checkpoint import read_record
 
-    for recorded in sorted((Path(cfg.out) / REFERENCE).glob("seed*/start.json")):
-        config = recorded.with_name("config.json")
-        if not config.exists():
-            continue
-        run, start = read_record(config), read_record(recorded)
+    for config in sorted((Path(cfg.out) / REFERENCE).glob("seed*/config.json")):
+        run, start = read_record(config), config.with_name("start.json")
         device = str(run.get("device", "auto"))
-        gpu = device.startswith("cuda") or (device == "auto" and bool(start.get("machine", {}).get("cuda")))
+        machine = read_record(start).get("machine", {}) if start.exists() else {}
+        if device == "auto" and not machine:  # a run from before start.json: where it trained is not recorded
+            continue
+        gpu = device.startswith("cuda") or (device == "auto" and bool(machine.get("cuda")))
         return gpu, run.get("rollout", {}).get("engine") == "static"
     return None
 

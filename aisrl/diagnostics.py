@@ -183,9 +183,9 @@ def mismatch_metrics(b: Batch) -> dict[str, torch.Tensor]:
     (max_absd,) = all_max(_ext(b.delta.abs(), m, largest=True))
     # Sequence weights W = exp(seq_log_w): ESS and chi2 in log space.
     shift, s1, s2 = seq_weight_moments(b)
-    ess = _div(_div(s1**2, n_seq), s2)
+    ess = torch.where(n > 0, _div(_div(s1**2, n_seq), s2), 0.0)  # no scored token: no sequence to rely on
     log_mean_w2 = 2.0 * shift + torch.log(_div(s2, n_seq).clamp(min=1e-300))
-    chi2_seq = torch.where(n_seq > 0, torch.exp(log_mean_w2.clamp(max=EXP_CLAMP)) - 1.0, 0.0)
+    chi2_seq = torch.where(n > 0, torch.exp(log_mean_w2.clamp(max=EXP_CLAMP)) - 1.0, 0.0)
     nll_train, nll_roll = -_div(s_old, n), -_div(s_roll, n)
     ppl_train = torch.exp(nll_train.clamp(max=EXP_CLAMP))
     ppl_roll = torch.exp(nll_roll.clamp(max=EXP_CLAMP))
@@ -215,7 +215,7 @@ def mismatch_metrics(b: Batch) -> dict[str, torch.Tensor]:
 
 
 def sequence_ess(b: Batch) -> torch.Tensor:
-    """Normalised ESS/N of the sequence weights, in (0, 1]; 0 for an empty batch."""
+    """Normalised ESS/N of the sequence weights, in (0, 1]; 0 for a batch with no scored token."""
     _, s1, s2 = seq_weight_moments(b)
-    (n_seq,) = all_sum(_s(b.seq_mask.double()))
-    return _div(_div(s1**2, n_seq), s2)
+    n_seq, n = all_sum(_s(b.seq_mask.double()), _s(b.mask.double()))
+    return torch.where(n > 0, _div(_div(s1**2, n_seq), s2), 0.0)

@@ -44,7 +44,7 @@ from aisrl.correction import correct
 from aisrl.models import prompt_ids
 from aisrl.policy import CausalPolicy
 from aisrl.quant import FakeQuantLinear, kept_fraction, quant_config, quant_targets, quantize_, sync_weights
-from aisrl.rollout import SamplingParams
+from aisrl.rollout import SamplingParams, device_of
 
 REPORTED = ["k3_kl", "kl", "ess", "chi2_token", "chi2_seq", "logprob_abs_diff_mean", "logprob_abs_diff_max",
             "ratio_frac_above_2", "ratio_frac_below_half", "token_prob_mult_error"]  # fmt: skip
@@ -98,8 +98,9 @@ class DoctorConfig:
     QaRL's alignment (rollout.align) is not applied. The prompts are the task's training ones drawn with the
     doctor's `seed`, not the run's own batches."""
     device: str = "auto"
-    """Where the models run: auto (a GPU where there is one), cpu, cuda or cuda:N. The figures of BENCHMARKS.md were
-    measured on a CPU; a GPU's kernels round a little differently."""
+    """Where the models run: auto (a GPU where there is one; a model handed to `diagnose` stays where it is), cpu, cuda
+    or cuda:N. The figures of BENCHMARKS.md and the README were measured on a CPU; a GPU's kernels round a little
+    differently (device=cpu reproduces them)."""
 
 
 def _prompt_ids(cfg: DoctorConfig, tok) -> list[list[int]]:
@@ -185,8 +186,9 @@ def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:
 
 
     device = resolve_device(cfg.device)  # a bad name fails before any model is loaded
+    given = model  # a caller's model stays where it is unless a device is named
     model, prompts, policy, precision = _subject(cfg, model, tok, checkpoint)
-    model.to(device).eval()
+    model.to(device_of(model) if given is not None and cfg.device == "auto" else device).eval()
     seeds = [cfg.seed * 100_003 + i for i in range(len(prompts))]
     out = {}
     for name in cfg.formats:

@@ -111,7 +111,10 @@ def decode_attention(q, k_cache, v_cache, k_scale, v_scale, start, end, width: i
                      use_kernel: bool | None = None):  # fmt: skip
     """Decode attention (see the module docstring): the Triton kernel on CUDA when Triton is installed (no host
     synchronisation, so CUDA graphs can capture it) and the query is not FP32 (the kernel computes in BF16), else
-    the PyTorch reference. Either reads slots [start_b, end_b) of the first `width`, and an empty span gives 0."""
+    the PyTorch reference. Both read slots [start_b, end_b), an empty span giving 0; the reference also clips the span
+    at `width`, which the kernel leaves to its callers (the engine's end_b never passes it): a slot count the kernel
+    took as an argument would be specialised by Triton at 1, and the warm-up would then build another kernel than the
+    one CUDA-graph capture launches."""
     if q.dim() != 3 or k_cache.dim() != 4 or q.shape[1] % k_cache.shape[1]:
         raise ValueError(f"decode attention needs q (B, H, D) and caches (B, Hk, S, D) with H a multiple of Hk (each "
                          f"kv head serves H / Hk query heads); got q {tuple(q.shape)}, cache {tuple(k_cache.shape)}")
@@ -133,7 +136,7 @@ def decode_attention(q, k_cache, v_cache, k_scale, v_scale, start, end, width: i
     _kernel()[(B, Hk)](
         q, k_cache, v_cache, k_scale, v_scale, start, end, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        out.stride(0), out.stride(1), sm_scale, min(width, k_cache.shape[2]), Hk,
+        out.stride(0), out.stride(1), sm_scale, k_cache.shape[2], Hk,
         G=G, BLOCK_G=max(16, 1 << math.ceil(math.log2(G))), D=D, WIDE=_wide(),
         **DECODE_CONFIG["fp8" if k_cache.element_size() == 1 else "wide"],
     )  # fmt: skip

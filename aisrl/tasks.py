@@ -518,7 +518,7 @@ MAX_GYM_ANSWER = 2000
 """Longest reasoning-gym answer handed to a generator's scorer (characters); longer ones score 0."""
 _CODE_LIKE = re.compile(r"__|\b(?:import|lambda|exec|eval|compile|open|globals|locals|getattr|setattr|delattr|vars|"
                         r"breakpoint|input|os|sys|subprocess|builtins)\b")  # fmt: skip
-_SLOW = re.compile(r"\*\*|\^|!|\bpow\b|[A-Za-z_]\w*\s*\(|\d\s*[eE]\s*[+-]?\s*\d{3,}")
+_SLOW = re.compile(r"\*\*|\^|[\d)]\s*!|\bpow\b|[A-Za-z_]\w*\s*\(|\d\s*[eE]\s*[+-]?\s*\d{3,}")
 """What may take a scorer's evaluation (Python's, sympy's) long: powers, factorials, function calls (factorial(n),
 gamma(n)), exponents of three digits or more."""
 

@@ -96,8 +96,11 @@ def build(cfg: TrainConfig):
 
 
 def _with_lora(cfg: TrainConfig, model, dropout: float = 0.0):
-    """The model with the run's LoRA adapters (lora.*); a default target the architecture lacks is no error."""
-    return apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.targets, dropout, optional=LoraSettings().targets)
+    """The model with the run's LoRA adapters (lora.*). The default targets are written for several architectures: one
+    this model lacks is no error; a target the user named must match."""
+    default = LoraSettings().targets
+    optional = default if cfg.lora.targets == default else ()
+    return apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.targets, dropout, optional=optional)
 
 
 def build_trained(cfg: TrainConfig, weights: Path):
@@ -256,10 +259,10 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
             opened.append(hold_run(out))
         recorded = run_start(out)  # the KL reference is rebuilt, not saved: it must be the weights the run began from
         if ref is not None and ref is not model and recorded and weights_digest(ref.state_dict()) != recorded:
-            raise ValueError(f"{out} started from other weights than those built here (start.json; a warm start "
-                             "rebuilt on another kind of CPU, say), and with kl_coef > 0 they are its KL reference: "
-                             "resume where its warm start was built (the same AISRL_CACHE), or branch with "
-                             "kl_coef=0")  # fmt: skip
+            raise ValueError(f"{out} started from other weights than those built here (start.json), and with "
+                             "kl_coef > 0 they are its KL reference: resume with the model it started from (for the "
+                             "lab, the warm start of its AISRL_CACHE, built on the same kind of CPU; else the same "
+                             "checkpoint files), or branch with kl_coef=0")  # fmt: skip
         state = load_checkpoint(ckpt, model, opt, rank)
         start = state["step"]
         prev_alpha, guard_state, end_point, past = _resumed(cfg, state["extra"], log)

@@ -485,6 +485,14 @@ def test_the_reference_label_follows_where_its_runs_trained(monkeypatch, tmp_pat
     assert reference_label(cfg, "none") == "full precision"
     (run / "config.json").write_text(json.dumps({"device": "cuda:0", "rollout": {"quant": "none", "engine": "hf"}}))
     assert reference_label(cfg, "none") == "full precision"  # the HF sampler's 'none' on a GPU is FP32
+    # on this CPU, a run from before start.json that named its GPU, and a study whose reference has not trained yet
+    monkeypatch.undo()
+    (run / "start.json").unlink()
+    (run / "config.json").write_text(json.dumps({"device": "cuda", "rollout": {"quant": "none", "engine": "static"}}))
+    assert reference_label(cfg, "none") == "BF16 (static engine)"  # before: "device 'cuda' asked for, but ..."
+    gpu = CompareConfig(methods=["tis"], formats=["int4"], seeds=[0], out=str(tmp_path / "new"), jobs=0,
+                        train=["device=cuda:7", "rollout.engine=static"])  # fmt: skip
+    assert plan(gpu)[0].fmt == "none" and reference_label(gpu, "none") == "BF16 (static engine)"
 
 
 def test_recipes_become_training_overrides():

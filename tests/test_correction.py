@@ -356,6 +356,9 @@ def test_zero_probability_token_is_w_zero_in_every_product():
     close(alone.metrics["ess"], 0.5)
     close(alone.metrics["num_seqs"], 2.0)
     close(alone.metrics["mask_frac_seq"], 0.5)  # it leaves the loss whole
+    nothing = correct("ais", old[:1, 1:2].expand(2, 1), roll[:1, 1:2].expand(2, 1), torch.ones(2, 1, dtype=torch.bool))
+    for key in ("ess", "chi2_seq", "weight_reliability", "alpha"):  # no scored token: nothing to rely on (not ESS 1)
+        close(nothing.metrics[key], 0.0)
     close(correct("tis", old[:, :2], roll[:, :2], torch.tensor([[False, True], [True, True]]), veto=1e-3).metrics[
         "veto_frac_seq"], 0.5)  # fmt: skip
     # a veto below the clamp's e^-20 too (before: 1e-10 vetoed nothing, the clamped w = 2e-9 being above it)

@@ -129,4 +129,15 @@ def test_a_target_whose_weight_is_tied_is_refused():
         apply_lora(tiny_model(seed=0), r=2, alpha=4, targets=["q_proj", "vproj"])
     adapted = apply_lora(tiny_model(seed=0), r=2, alpha=4, targets=["q_proj", "w_gate"], optional=["w_gate"])
     assert any(n.endswith("q_proj.lora_A.default.weight") for n, _ in adapted.named_parameters())
+    # the trainer: the default list may name layers a model lacks (the diffusion lab has no gate_proj); a list the
+    # user wrote may not, default names included (before: [q_proj, gate_proj] adapted q_proj alone, without a word)
+    from aisrl.diffusion import tiny_diffusion_model
+    from aisrl.train_config import load_config
+    from aisrl.trainer import _with_lora
+
+    no_gate = lambda: tiny_diffusion_model(40, 39, hidden=32, layers=1, max_len=64)  # noqa: E731
+    adapted = _with_lora(load_config("lab", ["lora.r=2"]), no_gate())
+    assert any("up_proj.lora_A" in n for n, _ in adapted.named_parameters())
+    with pytest.raises(ValueError, match=r"lora.targets \['gate_proj'\] name no module"):
+        _with_lora(load_config("lab", ["lora.r=2", "lora.targets=[q_proj,gate_proj]"]), no_gate())
     apply_lora(tiny_model(seed=0), r=2, alpha=4, targets=["lm_head"])  # an untied head may be adapted

@@ -301,6 +301,7 @@ def test_reasoning_gym_answers_that_may_evaluate_for_ever_or_raise_give_no_credi
     slow = ["9999999!", "factorial(9999999)", "gamma (9999999)", "1e99999999", "2 E+999", "9**9**9", "9^9^9"]
     assert not any(task.check(a, p) for a in slow) and sent == slow
     assert task.check(p.answer, p) and not task.check("1e99", p) and sent == slow  # plain answers stay in-process
+    assert not task.check("Yes!", p) and sent == slow  # an exclamation mark after a word is no factorial: no fork
     # a scorer that raises on ill-formed text scores it 0 (before: the ValueError ended the run)
     factors = make_task("reasoning_gym", generator="prime_factorization")
     q = factors.problems("train", 1, seed=0)[0]
