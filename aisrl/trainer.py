@@ -10,7 +10,8 @@ Everything random in a step is derived from (seed, step): the prompts and every 
 seed (shifted by `sample_salt`, which `aisrl branch` uses to draw other continuations of a checkpoint). So a run
 resumed from a checkpoint continues exactly as an uninterrupted run would, and a resume with other settings is
 refused (aisrl.checkpoint.record_config). Outputs in `output_dir`: config.json (the settings), start.json (a
-digest of the initial weights), metrics.jsonl (one row per step), checkpoints/, report.png and summary.json.
+digest of the initial weights), metrics.jsonl (one row per step), checkpoints/, report.png, summary.json,
+tensorboard/ (where tensorboard is installed) and .lock, which keeps a second trainer out (aisrl.checkpoint.hold_run).
 """
 
 from __future__ import annotations
