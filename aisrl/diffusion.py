@@ -27,6 +27,7 @@ projections are nn.Linear, so `aisrl.quant.quantize_` makes a low-precision roll
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -122,8 +123,8 @@ class DiffusionParams:
             raise ValueError(f"steps={self.steps} must be a positive multiple of the number of blocks ({blocks})")
         if self.remasking not in ("low_confidence", "random"):
             raise ValueError(f"unknown remasking {self.remasking!r}; choose from ['low_confidence', 'random']")
-        if not self.temperature >= 0:  # NaN too; below 0 the sampler would silently take the argmax
-            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 = argmax)")
+        if not 0 <= self.temperature < math.inf:  # NaN too; below 0 the argmax, at inf NaN logits (every token id 0)
+            raise ValueError(f"temperature={self.temperature} must be >= 0 and finite (0 = argmax)")
 
 
 def transfer_schedule(n_masked: torch.Tensor, steps: int) -> torch.Tensor:
@@ -210,10 +211,10 @@ def diffusion_logprobs(model, x: torch.Tensor, attn: torch.Tensor, prompt_len: i
         raise ValueError("diffusion_logprobs needs left-padded prompts (attn[:, prompt_len - 1] true in every row), "
                          "as diffusion_generate returns them")  # fmt: skip
     lengths = attn[:, :prompt_len].sum(1).tolist()
-    draws = torch.ones(x.shape[0], prompt_len)  # (B, P): padding never masked
+    draws = torch.ones(x.shape[0], prompt_len, device=attn.device)  # (B, P): padding never masked
     for i, n in enumerate(lengths):
-        if n:
-            draws[i, prompt_len - n :] = torch.rand(n, generator=torch.Generator().manual_seed(seed))
+        if n:  # drawn on the CPU's generator, the same stream whatever device the inputs are on
+            draws[i, prompt_len - n :] = torch.rand(n, generator=torch.Generator().manual_seed(seed)).to(attn.device)
     noisy = x.clone()
     prompt_masked = (draws < p_mask) & attn[:, :prompt_len]
     noisy[:, :prompt_len] = torch.where(prompt_masked, mask_id, x[:, :prompt_len])

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import statistics
 from dataclasses import asdict
 from pathlib import Path
@@ -118,6 +119,12 @@ def _settings(checkpoint: str, digest: str, cfg, samples: int, held_samples: int
         out["dataset_sha256"] = _dataset_sha256(cfg.dataset)
     if cfg.rollout.engine == "static":  # the trained model samples through an FP32 engine (scores cached before: HF)
         out["trained_sampler"] = "engine_fp32"
+    from aisrl.tasks import TASKS
+
+    name = cfg.lab.task if cfg.model.name == "lab" else cfg.task  # the lab trains on its own task
+    version = getattr(TASKS.get(name), "problems_version", 1)  # the task's problems changed: scored again
+    if version != 1:
+        out["problems_version"] = version
     return out
 
 
@@ -135,9 +142,18 @@ def cached_scores(run_dir: str | Path, samples: int, step: int | None = None) ->
         return None
     if ckpt is None or not cache.exists() or (step is not None and ckpt.name != checkpoint_dir(run_dir, step).name):
         return None
-    scores = json.loads(cache.read_text())
+    scores = _read(cache)
     ok = scores.get("settings", {}).get("samples") == samples
     return scores if ok and scores_of(scores, ckpt) else None
+
+
+def _read(cache: Path) -> dict:
+    """A final_eval.json, {} where there is none or it is damaged (a cut-short copy): stale, scored again."""
+    try:
+        scores = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return {}
+    return scores if isinstance(scores, dict) else {}
 
 
 def scores_of(scores: dict, ckpt: Path) -> bool:
@@ -174,10 +190,8 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
     weights = ckpt / "model.safetensors"
     settings = _settings(ckpt.name, _sha256(weights), cfg, samples, held_samples)
     cache = run_dir / "final_eval.json"
-    if cache.exists():
-        cached = json.loads(cache.read_text())
-        if cached.get("settings") == settings:
-            return cached
+    if _read(cache).get("settings") == settings:
+        return _read(cache)
     if not supported(cfg):
         raise ValueError("final evaluation supports full-parameter causal runs (lora.r=0, model.kind=causal)")
     torch.manual_seed(0)
@@ -200,8 +214,9 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
             sampler = _rewards(policy, rollout, task, tok, encode, pool, samples, kv_fp8)
         unseen = _rewards(policy, model, task, tok, encode, held, held_samples)
 
-    def mean(xs: list[tuple], i: int) -> float:  # i = 0: reward, 1: correct
-        return statistics.fmean(float(x[i]) for x in xs)
+    def mean(xs: list[tuple], i: int) -> float:  # i = 0: reward, 1: correct; over the scored (as the trainer)
+        finite = [float(x[i]) for x in xs if math.isfinite(float(x[i]))]
+        return statistics.fmean(finite) if finite else math.nan
 
     result = {"settings": settings, "policy_reward": mean(trained, 0), "policy_accuracy": mean(trained, 1),
               "sampler_reward": mean(sampler, 0), "sampler_accuracy": mean(sampler, 1),

@@ -144,8 +144,8 @@ def test_bad_generation_parameters_are_named():
         DiffusionParams(gen_length=8, block_length=-8)
     with pytest.raises(ValueError, match="unknown remasking 'best'"):
         DiffusionParams(remasking="best")
-    for bad in (-1.0, float("nan")):  # before: taken as the argmax
-        with pytest.raises(ValueError, match=r"temperature=.* must be >= 0 \(0 = argmax\)"):
+    for bad in (-1.0, float("nan"), float("inf")):  # before: the argmax, and at inf every token id 0
+        with pytest.raises(ValueError, match=r"temperature=.* must be >= 0 and finite \(0 = argmax\)"):
             DiffusionParams(temperature=bad)
 
 

@@ -135,6 +135,21 @@ def test_fields_added_later_change_the_config_hash_only_away_from_their_default(
     assert digest("sample_salt=1") != base and digest("correction.guard=4") != base and digest("lr=1e-3") != base
     assert digest("scale_advantages=false") != base and digest("correction.options={'normalize': True}") != base
     assert digest("rollout.keep=[model.layers.0.*]") != base
+    # a task whose problems changed (sudoku4's version 2) enters the settings; version 1 leaves earlier scores valid
+    assert "problems_version" not in _settings("step_000001", "w", load_config("lab"), 4, 8)
+    assert _settings("step_000001", "w", load_config("diffusion_lab"), 4, 8)["problems_version"] == 2
+
+
+def test_a_nan_reward_leaves_the_mean_and_a_damaged_cache_is_scored_again(tmp_path, monkeypatch):
+    cfg = _run(tmp_path, "none")
+    monkeypatch.setattr(fe, "_rewards", lambda *a, **k: [(1.0, True)] * 3 + [(float("nan"), False)])
+    res = fe.evaluate_final(cfg.output_dir, cfg, samples=1, held_samples=1)
+    assert res["policy_reward"] == 1.0 and res["held_reward"] == 1.0  # a task that could not score one: as training
+    assert res["policy_accuracy"] == 0.75  # (before: every reward NaN, which the study then dropped without a word)
+    cache = tmp_path / "none" / "final_eval.json"
+    cache.write_text(cache.read_text()[:40])  # a copy cut short
+    assert fe.cached_scores(cfg.output_dir, 1) is None  # stale, not a JSONDecodeError that stops the aggregation
+    assert fe.evaluate_final(cfg.output_dir, cfg, samples=1, held_samples=1)["policy_reward"] == 1.0
 
 
 FILE_TASK = ["model.name=smollm2"]  # the lab trains on its own task: a file task needs another model
