@@ -140,8 +140,9 @@ def diffusion_generate(model, prompts: list[list[int]], params: DiffusionParams,
                        micro_batch: int | None = None):  # fmt: skip
     """(x (B, P + gen_length) with the prompts left-padded, attention mask (B, P + gen_length)).
 
-    seeds: one per prompt (None: the row index). Each denoising step runs the model on `micro_batch` rows at a time
-    (None: all), so no more than that many rows' full-vocabulary logits exist at once; rows do not interact, so
+    seeds: one per prompt (None: the row index). Each denoising step runs the model, and picks tokens from its
+    logits, on `micro_batch` rows at a time (None: all), on the model's device, so no more than that many rows'
+    full-vocabulary logits exist at once and only their tokens and confidences come back; rows do not interact, so
     the result is the same. `trace`, if a list, receives one (block, step, committed (B, L) bool) entry per step
     (for tests)."""
     if not prompts or not all(len(ids) for ids in prompts):
@@ -166,23 +167,15 @@ def diffusion_generate(model, prompts: list[list[int]], params: DiffusionParams,
         lo, hi = p + blk * params.block_length, p + (blk + 1) * params.block_length
         schedule = transfer_schedule((x[:, lo:hi] == mask_id).sum(-1), per_block)  # (B, per_block)
         for step in range(per_block):
-            # only the current block can be committed: its logits alone leave the device
-            logits = torch.cat([model(x[r : r + mb].to(device), attention_mask=attn_dev[r : r + mb]).logits[:, lo:hi]
-                                .float().cpu() for r in range(0, b, mb)])  # (B, K, V)  # fmt: skip
-            logits[..., mask_id] = -torch.inf  # a committed token is never [MASK]
             masked = x[:, lo:hi] == mask_id  # (B, K)
-            probs = logits.softmax(-1)  # (B, K, V) untempered: the confidence of low-confidence remasking
             # row i's draws depend only on its seed and its own prompt length, not on its batch-mates' (the
             # block's columns counted from the row's own first token)
             u = torch.stack([torch.rand(2, n + g, generator=gen)[:, n + lo - p : n + hi - p]
                              for gen, n in zip(gens, map(len, prompts), strict=True)])  # (B, 2, K)  # fmt: skip
-            if params.temperature > 0:  # inverse-CDF sampling; never a zero-probability token such as [MASK]
-                logp = (logits / params.temperature).log_softmax(-1)  # (B, K, V)
-                x0 = inverse_cdf(logp.flatten(0, 1), u[:, 0].flatten()).view(b, hi - lo)  # (B, K)
-            else:
-                x0 = logits.argmax(-1)  # (B, K)
-            low_conf = params.remasking == "low_confidence"
-            conf = probs.gather(-1, x0[..., None]).squeeze(-1) if low_conf else u[:, 1]  # (B, K)
+            picks = [_pick(model(x[r : r + mb].to(device), attention_mask=attn_dev[r : r + mb]).logits[:, lo:hi],
+                           u[r : r + mb].to(device), params, mask_id) for r in range(0, b, mb)]  # fmt: skip
+            x0 = torch.cat([t for t, _ in picks])  # (B, K)
+            conf = torch.cat([c for _, c in picks]) if params.remasking == "low_confidence" else u[:, 1]  # (B, K)
             conf = torch.where(masked, conf, -torch.inf)
             order = torch.sort(conf, dim=-1, descending=True, stable=True).indices  # (B, K)
             rank = torch.empty_like(order).scatter_(
@@ -195,6 +188,21 @@ def diffusion_generate(model, prompts: list[list[int]], params: DiffusionParams,
                 full[:, lo:hi] = commit
                 trace.append((blk, step, full))
     return x, attn
+
+
+def _pick(logits: torch.Tensor, u: torch.Tensor, params: DiffusionParams, mask_id: int):
+    """((b, K) tokens, (b, K) confidences) of a micro-batch's block logits (b, K, V), on their device and brought to
+    the CPU: each position's token drawn from the tempered distribution with uniforms u[:, 0] (inverse CDF; the argmax
+    at temperature 0), never [MASK], and its untempered probability (low-confidence remasking's confidence)."""
+    logits = logits.float()
+    logits[..., mask_id] = -torch.inf  # a committed token is never [MASK]
+    if params.temperature > 0:  # inverse-CDF sampling; never a zero-probability token such as [MASK]
+        logp = (logits / params.temperature).log_softmax(-1)  # (b, K, V)
+        x0 = inverse_cdf(logp.flatten(0, 1), u[:, 0].flatten()).view(logits.shape[:2])  # (b, K)
+    else:
+        x0 = logits.argmax(-1)  # (b, K)
+    conf = logits.softmax(-1).gather(-1, x0[..., None]).squeeze(-1)  # (b, K) untempered
+    return x0.cpu(), conf.cpu()
 
 
 def diffusion_logprobs(model, x: torch.Tensor, attn: torch.Tensor, prompt_len: int, completion_mask: torch.Tensor,

@@ -178,6 +178,18 @@ def test_micro_batched_generation_matches_the_whole_batch_and_bad_input_is_named
     parts, attn_parts = diffusion_generate(model, prompts, params, mask_id=MASK, seeds=seeds, micro_batch=3)
     assert torch.equal(whole, parts) and torch.equal(attn, attn_parts)
     assert seen and set(seen) == {3, 1}  # no more than 3 rows' logits at a time
+    # and the tokens are picked from each micro-batch's logits as they come (before: every row's block logits were
+    # gathered on the host, then soft-maxed there: (B, K, V) several times over)
+    import aisrl.diffusion as diffusion
+
+    picked, pick = [], diffusion._pick
+    diffusion._pick = lambda logits, *a: picked.append(logits.shape[0]) or pick(logits, *a)
+    try:
+        again, _ = diffusion_generate(model, prompts, params, mask_id=MASK, seeds=seeds, micro_batch=3)
+        assert torch.equal(again, whole)
+    finally:
+        diffusion._pick = pick
+    assert picked and set(picked) == {3, 1}
     with pytest.raises(ValueError, match="need one seed per prompt: 2 seeds for 4 prompts"):
         diffusion_generate(model, prompts, params, mask_id=MASK, seeds=[0, 1])
     with pytest.raises(ValueError, match="one or more prompts, each of one or more tokens"):
