@@ -415,7 +415,7 @@ def _evaluate_finals(cfg: CompareConfig, done: list[Run], log, max_steps: int) -
     from aisrl.train_config import load_config
 
     if not supported(load_config(cfg.preset, cfg.train)):
-        log("compare: final-model scores need full-parameter causal runs (no LoRA, no diffusion); skipped")
+        log("compare: final-model scores need causal runs (not diffusion); skipped")
         return set()
     failed = set()
     for i, run in enumerate(done, 1):

@@ -170,8 +170,9 @@ def current(scores: dict) -> bool:
 
 
 def supported(cfg) -> bool:
-    """Full-parameter causal runs; a LoRA checkpoint holds adapters, and diffusion samples differently."""
-    return cfg.lora.r == 0 and cfg.model.kind == "causal"
+    """Causal runs, full-parameter or LoRA (its adapters are merged into the model scored, as into the rollout copy in
+    training); a diffusion model samples differently."""
+    return cfg.model.kind == "causal"
 
 
 def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int = 8) -> dict:
@@ -193,7 +194,7 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
     if _read(cache).get("settings") == settings:
         return _read(cache)
     if not supported(cfg):
-        raise ValueError("final evaluation supports full-parameter causal runs (lora.r=0, model.kind=causal)")
+        raise ValueError("final evaluation supports causal runs (model.kind=causal)")
     torch.manual_seed(0)
     device = resolve_device(cfg.device)  # where the run trained: a GPU run is scored on its GPU
     model, tok, task, encode = build_trained(cfg, weights)

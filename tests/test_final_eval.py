@@ -230,3 +230,23 @@ def test_a_static_engine_run_on_the_gpu_is_scored_through_an_fp32_engine_there(t
     _, drawn, res = _score_a_static_fp8_run(tmp_path, monkeypatch, "cuda")
     assert res["settings"]["trained_sampler"] == "engine_fp32"
     assert _same_completions(drawn[0], drawn[1]) >= 0.5
+
+
+def test_a_lora_run_is_scored_with_its_adapters_merged(tmp_path, monkeypatch):
+    # the model scored is W + (alpha / r) B A of the checkpoint's adapters, worked out here from its tensors (before:
+    # LoRA runs were refused, and a study of them had no final-model scores)
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    cfg = load_config("lab", [*TINY_LAB, "max_steps=2", "eval_every=2", "rollout.quant=mxfp4_w4a4", "lora.r=4",
+                              "lora.alpha=8", "lr=0.01", f"output_dir={tmp_path / 'lora'}"])  # fmt: skip
+    train(cfg, log=lambda _: None)
+    saved = load_file(latest_checkpoint(cfg.output_dir) / "model.safetensors")
+    models = []
+    monkeypatch.setattr(fe, "_rewards", lambda policy, model, *a, **k: models.append(model) or [(1.0, True)])
+    fe.evaluate_final(cfg.output_dir, cfg, samples=1, held_samples=1)
+    scored = models[0].state_dict()
+    name = "model.layers.0.self_attn.q_proj"
+    at = f"base_model.model.{name}"
+    delta = (8 / 4) * saved[f"{at}.lora_B.default.weight"] @ saved[f"{at}.lora_A.default.weight"]
+    assert delta.abs().max() > 0  # training moved the adapters
+    torch.testing.assert_close(scored[f"{name}.weight"], saved[f"{at}.base_layer.weight"] + delta)
+    assert not any("lora" in k for k in scored)  # a plain model: the rollout copy syncs from it as in training
