@@ -204,7 +204,8 @@ def plan(cfg: CompareConfig) -> list[Run]:
         key = item.split("=", 1)[0].strip()
         if key in SET_PER_RUN:
             raise ValueError(
-                f"{key} is set per run by the study; choose it with {SET_PER_RUN[key]}=[...], not {item!r}"
+                f"{key} is set per run by the study; choose it with {SET_PER_RUN[key]}="
+                f"{'...' if SET_PER_RUN[key] == 'out' else '[...]'}, not {item!r}"
             )
 
     for m in cfg.methods:
@@ -218,6 +219,8 @@ def plan(cfg: CompareConfig) -> list[Run]:
     if cfg.section and not re.fullmatch(r"[A-Za-z0-9_]+", cfg.section):
         raise ValueError(f"section={cfg.section!r} names a file and a BENCHMARKS.md section: use letters, digits "
                          f"and '_' only, e.g. section=compare_mxfp4_keep8")  # fmt: skip
+    if not cfg.out.strip():
+        raise ValueError("out is empty: name the study's folder, e.g. out=runs/compare")
     if any(len(part.encode()) > 255 for part in Path(cfg.out).parts):
         raise ValueError(f"out={cfg.out[:60]}...: a name in it is past the 255 bytes a file system takes")
     if cfg.jobs < 0:
@@ -313,6 +316,9 @@ def run_study(cfg: CompareConfig, log=print) -> dict:
             build(base)  # the causal or the diffusion lab model, as the preset says
         (_run_here if cfg.jobs == 1 else _run_subprocesses)(todo, cfg, log)
     done = {r: finished_rows(r.path(cfg.out), base.max_steps) for r in runs}  # read once, after training
+    if not any(rows is not None for rows in done.values()):  # a mistyped out= must not publish an empty table
+        raise ValueError(f"no run of this study has finished under out={cfg.out!r}: check the folder (and max_steps), "
+                         "or train the runs (jobs >= 1)")  # fmt: skip
     unscored = set()
     if cfg.final_samples > 0:
         scored = [r for r in runs if (not cfg.only or r.group in cfg.only) and done[r] is not None]

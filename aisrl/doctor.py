@@ -164,8 +164,13 @@ def _run_checkpoint(cfg: DoctorConfig) -> tuple[str, Path]:
                          "with the overrides it was trained with) into a YAML file and pass --preset FILE") from e
 
 
-def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:
-    """Run the doctor; returns {format: {metric: value, ..., "log_ratios": [...]}}."""
+def check(cfg: DoctorConfig) -> tuple[str, Path] | None:
+    """Raise on settings the doctor cannot run with, before anything is loaded or written; returns the checkpoint of
+    `start` (_run_checkpoint), None without one."""
+    from aisrl.train_config import resolve_device
+
+    if cfg.task not in TASKS and not (cfg.preset or cfg.start):
+        raise ValueError(f"unknown task {cfg.task!r}; choose from {sorted(TASKS)}")
     if not cfg.formats:
         raise ValueError("formats is empty: name a preset of aisrl.quant.PRESETS, e.g. --formats fp8_e4m3_w8a8")
     for key in ("prompts", "max_new_tokens"):
@@ -180,12 +185,21 @@ def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:
         if given:
             raise ValueError(f"with a preset or start, {given} come from {what}; drop them, or diagnose the model "
                              "without preset and start")  # fmt: skip
-    checkpoint = _run_checkpoint(cfg) if cfg.start else None  # a bad RUN:STEP fails before the model is built
+    resolve_device(cfg.device)
+    if cfg.preset and not cfg.start:
+        from aisrl.train_config import load_config
+
+        load_config(cfg.preset)  # an unknown preset, named
+    return _run_checkpoint(cfg) if cfg.start else None  # a bad RUN:STEP
+
+
+def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:
+    """Run the doctor; returns {format: {metric: value, ..., "log_ratios": [...]}}."""
     from aisrl.train_config import resolve_device
     from aisrl.trainer import _score_at
 
-
-    device = resolve_device(cfg.device)  # a bad name fails before any model is loaded
+    checkpoint = check(cfg)
+    device = resolve_device(cfg.device)
     given = model  # a caller's model stays where it is unless a device is named
     model, prompts, policy, precision = _subject(cfg, model, tok, checkpoint)
     model.to(device_of(model) if given is not None and cfg.device == "auto" else device).eval()
@@ -290,6 +304,7 @@ def main(cfg: DoctorConfig, out_dir: str | Path) -> dict:
     from aisrl.bench.report import machine, write_json
 
     out_dir = Path(out_dir)
+    check(cfg)  # bad settings leave no folder behind
     try:  # before the diagnosis, not after it
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:

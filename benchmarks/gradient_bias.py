@@ -62,6 +62,7 @@ from aisrl.branch import recorded_base
 from aisrl.calibrate import RULES
 from aisrl.checkpoint import checkpoint_dir
 from aisrl.correction import CORRECTIONS
+from aisrl.quant import quant_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -314,6 +315,7 @@ def main(preset: str | None, quant: str, seed: int | None, salts: int, methods: 
         raise ValueError(f"unknown correction(s) {unknown} in methods; choose from {sorted(CORRECTIONS)}")
     if len(set(methods)) < len(methods):  # one method's gradients would pair with another salt's reference
         raise ValueError(f"methods={methods} names a method twice; name each once")
+    quant_config(quant)  # an unknown format, named before the warm start is built
     if choose and not set(choose) <= set(methods):
         raise ValueError(f"choose={choose}: the end points to choose from must be among methods={methods}")
     preset_name = preset or "lab_columns"  # names the results; the warm start's preset

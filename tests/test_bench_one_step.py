@@ -136,6 +136,8 @@ def test_the_line_beyond_tis_finds_an_optimum_past_alpha_1_when_tis_keeps_part_o
         gb.main(None, "mxfp4_w4a4", None, 32, ["none", "tis", "tis"], "", [1, 10])
     with pytest.raises(ValueError, match=r"start='runs/x': give RUN:STEP"):
         gb.main(None, "mxfp4_w4a4", None, 32, ["none", "tis"], "runs/x", [1, 10])
+    with pytest.raises(ValueError, match=r"unknown quantisation preset 'fp9'"):  # (before: after the warm start)
+        gb.main(None, "fp9", None, 32, ["none", "tis"], "", [1, 10])
 
 
 def test_a_true_gradient_drowned_in_noise_gives_no_norm_rather_than_a_crash():

@@ -385,10 +385,23 @@ def test_failed_runs_are_one_line_naming_them(monkeypatch, capsys):
     assert err.startswith("aisrl: error: 1 runs failed (int4/tis seed 0)") and "Traceback" not in err
 
 
-def test_aggregate_only_with_jobs_zero_runs_nothing(tmp_path):
+def test_aggregate_only_with_jobs_zero_runs_nothing(tmp_path, monkeypatch):
     cfg = CompareConfig(methods=["none"], formats=["int4"], seeds=[0], out=str(tmp_path), jobs=0)
+    _write_run(Run("int4", "none", 0).path(cfg.out), _fake_rows([0.5] * 3, {3: 0.3}, 0.2, [0.1] * 3))
+    cfg.train = ["max_steps=3"]
     result = run_study(cfg, log=lambda _: None)
-    assert result["groups"]["reference"]["missing"] == [0] and not list(tmp_path.glob("*/seed0"))
+    assert result["groups"]["reference"]["missing"] == [0] and not list(tmp_path.glob("reference/seed0"))
+    # a mistyped out= finds no finished run: refused, so publish=true cannot replace the table with an empty one
+    # (before: exit 0, an empty compare.json, and with publish the published section emptied)
+    (tmp_path / "BENCHMARKS.md").write_text("kept")
+    monkeypatch.chdir(tmp_path)
+    typo = CompareConfig(methods=["none"], formats=["int4"], seeds=[0], out=str(tmp_path / "typo"), jobs=0,
+                         publish=True, train=["max_steps=3"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"no run of this study has finished under out=.*typo'"):
+        run_study(typo, log=lambda _: None)
+    assert not (tmp_path / "typo").exists() and (tmp_path / "BENCHMARKS.md").read_text() == "kept"
+    with pytest.raises(ValueError, match="out is empty"):
+        plan(CompareConfig(out=" "))
 
 
 def test_a_study_re_run_with_other_overrides_is_refused(tmp_path):
@@ -407,14 +420,16 @@ def test_a_study_re_run_with_other_overrides_is_refused(tmp_path):
         (run.path(cfg.out) / "checkpoints" / "latest").write_text("step_000007")  # a record with weights behind it
     with pytest.raises(ValueError, match=r"reference/seed0 was trained with other settings \(lr: 0.0005 -> 0.001\)"):
         run_study(cfg, log=lambda _: None)
-    cfg.train = ["lr=5e-4", "max_steps=9"]  # the recorded settings (the length may differ): aggregation goes on
-    assert run_study(cfg, log=lambda _: None)["groups"]["int4/tis"]["missing"] == [0]
+    cfg.train = ["lr=5e-4", "max_steps=9"]  # the recorded settings (the length may differ): past the check, to find
+    with pytest.raises(ValueError, match="no run of this study has finished"):  # that nothing has finished
+        run_study(cfg, log=lambda _: None)
     for run in plan(cfg):  # no weights behind the records: a re-run trains them afresh under the new settings
         (run.path(cfg.out) / "checkpoints" / "latest").unlink()
         rows = _fake_rows([0.5] * 7, {7: 0.3}, 0.2, [0.1] * 7)  # every row logged, killed saving step 7
         (run.path(cfg.out) / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg.train = ["lr=1e-3", "max_steps=7"]  # not refused, and not aggregated as if trained with lr=1e-3
-    assert run_study(cfg, log=lambda _: None)["groups"]["int4/tis"]["missing"] == [0]
+    with pytest.raises(ValueError, match="no run of this study has finished"):
+        run_study(cfg, log=lambda _: None)
 
 
 @pytest.mark.parametrize("train", [["model.kind=diffusion"]])

@@ -28,9 +28,13 @@ def test_cli_writes_json_and_png(tmp_path):
     assert (out / "logratio_hist.png").stat().st_size > 1000
 
 
-def test_unknown_format_fails_before_loading(capsys):
-    assert main(["mismatch", "--model", "tiny-llama", "--formats", "fp7"]) == 2
+def test_unknown_format_fails_before_loading(capsys, tmp_path):
+    assert main(["mismatch", "--model", "tiny-llama", "--formats", "fp7", "--out", str(tmp_path / "o")]) == 2
     assert "unknown quantisation preset 'fp7'" in capsys.readouterr().err
+    for bad, message in ((["--preset", "labb"], "unknown preset 'labb'"), (["--task", "chess"], "unknown task 'chess'"),
+                         (["start=nowhere:3"], "give RUN:STEP"), (["device=gpu"], "device 'gpu' is not a device")):
+        assert main(["mismatch", *bad, "--out", str(tmp_path / "o")]) == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # refused before its output folder was made (before: made, then refused)
     with pytest.raises(ValueError, match="unknown task"):
         diagnose(DoctorConfig(model="tiny-llama", task="chess"), tiny_model(), None)
     assert main(["mismatch", "--preset", "lab", "--model", "tiny-llama", "temperature=0.7"]) == 2
