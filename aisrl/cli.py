@@ -93,10 +93,11 @@ def _study_args(args, config_cls) -> tuple[list[str], list[str]]:
     training = {f.name for f in dataclasses.fields(TrainConfig)}
     for item in items:  # a misspelt study key would otherwise be refused as a training key, the study's unnamed
         key = item.split("=", 1)[0].strip()
-        close = difflib.get_close_matches(key, own, n=1)
+        close = difflib.get_close_matches(key, own | training, n=1)
         if key not in own and key.split(".")[0] not in training and close:
             raise ValueError(f"unknown key {key!r}: neither a key of the study nor a training key; did you mean "
-                             f"{close[0]!r}? The study's keys: {sorted(own)}")  # fmt: skip
+                             f"{close[0]!r}? The study's keys: {sorted(own)}; `aisrl train --help` lists the "
+                             "training keys")  # fmt: skip
     return [o for o in items if o.split("=", 1)[0] in own], [o for o in items if o.split("=", 1)[0] not in own]
 
 
@@ -144,10 +145,11 @@ def _run_config(args, log=print):
 
 def _eval(args) -> int:
     from aisrl.checkpoint import latest_checkpoint
-    from aisrl.train_config import resolve_device
+    from aisrl.train_config import resolve_device, validate
     from aisrl.trainer import build_trained, evaluate, make_policy, problem_sets
 
     cfg = _run_config(args)
+    validate(cfg)  # an override (eval_problems=0, seed=-1) is named as in training
     ckpt = latest_checkpoint(cfg.output_dir)
     if ckpt is None:
         raise ValueError(f"no checkpoint in {cfg.output_dir!r}; train first or pass output_dir=...")

@@ -64,7 +64,7 @@ def test_a_preset_path_holding_an_equals_sign_is_a_preset_and_options_may_follow
     assert e.value.code == 2  # argparse's usage error
 
 
-def test_eval_scores_a_run_with_the_settings_it_recorded(tmp_path):
+def test_eval_scores_a_run_with_the_settings_it_recorded(tmp_path, capsys):
     """A run trained with seed=3 is scored on seed 3's held-out problems, whatever preset `aisrl eval` is given."""
     import argparse
     import dataclasses
@@ -86,6 +86,12 @@ def test_eval_scores_a_run_with_the_settings_it_recorded(tmp_path):
     assert cfg.seed == 3 and len(notes) == 1  # no preset named: nothing to note
     (run / "config.json").write_text(json.dumps({**dataclasses.asdict(trained), "gone": 1}))  # another version
     assert _run_config(args, notes.append).seed == 0 and "does not load" in notes[-1]
+    # a bad override is named as in training, before anything is built (before: eval_problems=0 ran into "the task
+    # gives 64 training and 0 held-out problems", and seed=-1 was taken)
+    (run / "config.json").write_text(json.dumps(dataclasses.asdict(trained)))
+    for bad, message in (("eval_problems=0", "config key 'eval_problems' must be >= 1"),
+                         ("seed=-1", "seed must be in [0, 1000000000), got -1")):  # fmt: skip
+        assert main(["eval", f"output_dir={run}", bad]) == 2 and message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("command", "shown"), [
@@ -106,6 +112,8 @@ def test_study_arguments_that_went_wrong_say_how(capsys):
         capsys.readouterr().err)  # fmt: skip
     assert main(["branch", "run=r", "step=1", "salt=[1]"]) == 2
     assert "did you mean 'salts'?" in capsys.readouterr().err
+    assert main(["branch", "run=r", "step=1", "max_step=3"]) == 2  # a training key, misspelt (before: 'step')
+    assert "did you mean 'max_steps'?" in capsys.readouterr().err
     assert main(["compare", "methods=[none,", "tis]"]) == 2  # the shell split an unquoted list at its space
     assert 'a space split it from the rest: quote the whole argument, "methods=[a, b]"' in capsys.readouterr().err
     long = "x" * 400
