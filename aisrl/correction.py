@@ -291,9 +291,7 @@ def correct(
         extra = {**extra, "veto_frac_seq": _div(n_bad, n_seq)}
     weights = torch.where(keep, weights.float(), 0.0)  # (N, T)
     if normalize:
-        n, s = all_sum(_s(keep.double()), _s(weights.double(), keep))
-        mean = _div(s, n)
-        weights = torch.where(mean > 0, weights / mean.clamp(min=1e-30).float(), weights)
+        weights = _normalized(weights, keep)
     metrics = mismatch_metrics(b)
     metrics.update(_application_metrics(b, weights, keep, clipped))
     metrics.update(extra)
@@ -337,6 +335,14 @@ def check_options(name: str, **options) -> None:
         correct(name, one, one, torch.ones(1, 1, dtype=torch.bool), **options)
 
 
+def _normalized(weights: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """(N, T) weights divided by their mean over `keep` (over every rank), so that they average 1 there; unchanged
+    where that mean is 0."""
+    n, s = all_sum(_s(keep.double()), _s(weights.double(), keep))
+    mean = _div(s, n)
+    return torch.where(mean > 0, weights / mean.clamp(min=1e-30).float(), weights)
+
+
 def restrict(res: CorrectionResult, keep: torch.Tensor, *, normalize: bool = False) -> CorrectionResult:
     """The result with only the tokens in `keep` (N, T) left in the loss (a veto, a guard applied after the
     correction); the mask fractions and the applied-weight statistics are recomputed on the final mask. normalize:
@@ -347,10 +353,9 @@ def restrict(res: CorrectionResult, keep: torch.Tensor, *, normalize: bool = Fal
                          f"{tuple(keep.shape)} (per sequence: keep[:, None].expand_as(res.mask))")  # fmt: skip
     mask = res.mask & keep.to(res.mask.device).bool()
     weights = torch.where(mask, res.weights, 0.0)  # (N, T)
-    n_keep, n_seq_keep, s = all_sum(_s(mask.double()), mask.any(-1).sum(dtype=torch.float64), _s(weights.double()))
+    n_keep, n_seq_keep = all_sum(_s(mask.double()), mask.any(-1).sum(dtype=torch.float64))
     if normalize:
-        mean = _div(s, n_keep)
-        weights = torch.where(mean > 0, weights / mean.clamp(min=1e-30).float(), weights)
+        weights = _normalized(weights, mask)
     n, n_seq = res.metrics["num_tokens"].double(), res.metrics["num_seqs"].double()
     metrics = dict(res.metrics)
     metrics["mask_frac_token"] = _div(n - n_keep, n)

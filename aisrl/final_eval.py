@@ -191,8 +191,9 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
     weights = ckpt / "model.safetensors"
     settings = _settings(ckpt.name, _sha256(weights), cfg, samples, held_samples)
     cache = run_dir / "final_eval.json"
-    if _read(cache).get("settings") == settings:
-        return _read(cache)
+    cached = _read(cache)
+    if cached.get("settings") == settings:
+        return cached
     if not supported(cfg):
         raise ValueError("final evaluation supports causal runs (model.kind=causal)")
     torch.manual_seed(0)

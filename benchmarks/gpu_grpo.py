@@ -39,6 +39,11 @@ SHAPES = {
 TIMES = ("time_rollout", "time_logprob", "time_correction", "time_train", "time_sync")
 
 
+def vocab_of(shape: str) -> int:
+    """The policy's vocabulary: Qwen's for the Qwen shapes, a small one for the tiny shape."""
+    return 512 if shape == "tiny" else 151936
+
+
 def _patch_build(shape: str, vocab: int):
     """Make aisrl.trainer.build return a random Qwen3-shaped policy with the lab's tokenizer and task."""
     import aisrl.trainer as trainer
@@ -76,7 +81,7 @@ def run_one(shape, steps, new, quant, out_dir, device):
     """One variant (in its own process: a finished run's GPU memory is not all returned to the next)."""
     from aisrl.trainer import train
 
-    _patch_build(shape, 151936 if shape != "tiny" else 512)
+    _patch_build(shape, vocab_of(shape))
     shutil.rmtree(out_dir, ignore_errors=True)  # a fresh run, not a resume
     train(load_config("lab", overrides(steps, new, quant, out_dir, device)), log=lambda _: None)
 
@@ -108,7 +113,7 @@ def run(shape, steps, new, variants, out_path, device="cuda"):
             validate(load_config("lab", overrides(steps, new, quant, out, device)))
         except ValueError as e:
             raise ValueError(f"variant {quant!r}: {e}") from e
-    data = {"machine": machine(), "shape": shape, "vocab": 151936 if shape != "tiny" else 512, "new_tokens": new,
+    data = {"machine": machine(), "shape": shape, "vocab": vocab_of(shape), "new_tokens": new,
             "steps": steps, "runs": {}, "command": command(__file__)}  # fmt: skip
     try:
         with staged_json(out_path) as save:
