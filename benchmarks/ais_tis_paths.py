@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from aisrl.bench.cli import options
+from aisrl.bench.cli import number, options
 
 CHILD = """
 import sys, torch
@@ -49,4 +49,4 @@ def main(steps: int, quant: str, seed: int) -> dict:
 
 if __name__ == "__main__":
     _, kw = options(sys.argv[1:], ("steps", "quant", "seed"))
-    main(int(kw.get("steps", 8)), kw.get("quant", "fp8_e4m3_w8a8"), int(kw.get("seed", 0)))
+    main(number(kw, "steps", 8, low=1), kw.get("quant", "fp8_e4m3_w8a8"), number(kw, "seed", 0, low=0))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from aisrl.bench.cli import command, options
+from aisrl.bench.cli import command, numbers, options
 from aisrl.bench.report import machine, write_json
 from aisrl.calibrate import pooled_gram, pooled_noise
 from aisrl.checkpoint import checkpoint_dir
@@ -98,4 +98,4 @@ if __name__ == "__main__":
     runs, kw = options(sys.argv[1:], ("steps", "tag"), positional=True)
     if len(runs) != 1:
         raise SystemExit(__doc__)
-    main(Path(runs[0]), [int(s) for s in kw.get("steps", "80,100").split(",")], kw.get("tag", "run"))
+    main(Path(runs[0]), numbers(kw, "steps", [80, 100], low=1), kw.get("tag", "run"))

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from aisrl.bench.cli import command, options
+from aisrl.bench.cli import command, number, numbers, options
 from aisrl.bench.report import machine, settings_tag, update_section, write_json
 from aisrl.compare import per_step, run_rows
 
@@ -153,6 +153,6 @@ def main(dirs: list[Path], kinds: list[str], steps: list[int], quant: str, prese
 if __name__ == "__main__":
     paths, kw = options(sys.argv[1:], ("kinds", "steps", "quant", "preset", "held", "tag"), positional=True)
     kinds = kw.get("kinds", "reference,mxfp4_w4a4/none,mxfp4_w4a4/tis,mxfp4_w4a4/ais").split(",")
-    main([Path(p) for p in paths], kinds, [int(s) for s in kw["steps"].split(",")] if "steps" in kw else
-         DEFAULTS["steps"], kw.get("quant", DEFAULTS["quant"]), kw.get("preset", DEFAULTS["preset"]),
-         int(kw.get("held", DEFAULTS["held"])), kw.get("tag", ""))  # fmt: skip
+    main([Path(p) for p in paths], kinds, numbers(kw, "steps", DEFAULTS["steps"], low=1),
+         kw.get("quant", DEFAULTS["quant"]), kw.get("preset", DEFAULTS["preset"]),
+         number(kw, "held", DEFAULTS["held"], low=1), kw.get("tag", ""))  # fmt: skip

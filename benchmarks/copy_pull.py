@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from aisrl.bench.cli import command, options
+from aisrl.bench.cli import command, number, numbers, options
 from aisrl.bench.report import machine, settings_tag, update_section, write_json
 from aisrl.checkpoint import checkpoint_dir
 from aisrl.diagnostics import k3_per_token
@@ -190,5 +190,5 @@ if __name__ == "__main__":
     d = DEFAULTS
     main(kw.get("preset", "lab_columns"), kw.get("quant", "mxfp4_w4a4"), kw.get("start", d["start"]),
          kw.get("variants", ",".join(d["variants"])).split(","),
-         [float(x) for x in kw.get("lrs", ",".join(map(str, d["lrs"]))).split(",")], int(kw.get("steps", d["steps"])),
-         int(kw.get("every", d["every"])), int(kw.get("held", d["held"])), kw.get("tag", ""))  # fmt: skip
+         numbers(kw, "lrs", d["lrs"], float, low=0), number(kw, "steps", d["steps"], low=1),
+         number(kw, "every", d["every"], low=1), number(kw, "held", d["held"], low=1), kw.get("tag", ""))  # fmt: skip

@@ -64,7 +64,7 @@ def main(n=SIZE[0], t=SIZE[1]):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 3 or not all(a.isdigit() for a in sys.argv[1:]):
+    if len(sys.argv) > 3 or not all(a.isdigit() and int(a) > 0 for a in sys.argv[1:]):
         sys.exit("usage: python benchmarks/correction_cost.py [N [T]] (sequences and tokens per sequence)")
     args = [int(a) for a in sys.argv[1:3]]
     out = main(*args)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from aisrl.bench.cli import command, options
+from aisrl.bench.cli import command, number, numbers, options
 from aisrl.bench.one_step import one_step
 from aisrl.bench.report import machine, settings_tag, write_json
 
@@ -78,5 +78,5 @@ DEFAULTS = {"seeds": [0, 1, 2, 3, 4, 5], "below": 0.5}
 if __name__ == "__main__":
     _, kw = options(sys.argv[1:], ("preset", "quant", "seeds", "below"))
     main(kw.get("preset", "lab_columns"), kw.get("quant", "mxfp4_w4a4"),
-         [int(x) for x in kw.get("seeds", ",".join(map(str, DEFAULTS["seeds"]))).split(",")],
-         float(kw.get("below", DEFAULTS["below"])))  # fmt: skip
+         numbers(kw, "seeds", DEFAULTS["seeds"], low=0),
+         number(kw, "below", DEFAULTS["below"], float))  # fmt: skip

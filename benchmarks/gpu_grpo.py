@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from aisrl.bench.cli import command, subcommand
+from aisrl.bench.cli import command, number, subcommand
 from aisrl.bench.report import machine, staged_json, update_section
 from aisrl.report import TRAIN_PARTS
 from aisrl.train_config import load_config, validate
@@ -164,9 +164,10 @@ def main(argv: list[str]) -> None:
     if what == "publish":
         publish(out)
     elif what == "one":
-        run_one(kw["shape"], int(kw["steps"]), int(kw["new"]), kw["variant"], kw["dir"], kw["device"])
+        run_one(kw["shape"], number(kw, "steps", None, low=1), number(kw, "new", None, low=1),
+                kw["variant"], kw["dir"], kw["device"])
     else:
-        run(kw.get("shape", "qwen3-1.7b"), int(kw.get("steps", 4)), int(kw.get("new", 256)),
+        run(kw.get("shape", "qwen3-1.7b"), number(kw, "steps", 4, low=1), number(kw, "new", 256, low=1),
             kw.get("variants", "none,fp8_e4m3_w8a8_kv").split(","), out, kw.get("device", "cuda"))  # fmt: skip
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from aisrl.bench.cli import command, flag, subcommand
+from aisrl.bench.cli import command, flag, number, numbers, subcommand
 from aisrl.bench.report import machine, staged_json, update_section
 from aisrl.engine import Engine
 from aisrl.quant import QuantConfig, quant_config, quantize_
@@ -408,10 +408,9 @@ def main(argv: list[str]) -> None:
     if what == "publish":
         publish(out, kw.get("section", "gpu_rollout"))
     else:
-        ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
-        run(kw.get("shapes", "qwen3-8b,qwen3-1.7b").split(","), ints(kw.get("batches", "16,64,128")),
-            int(kw.get("prompt", 256)), int(kw.get("new", 512)), flag(kw, "hf", True), flag(kw, "profile", True), out,
-            flag(kw, "gemm", True), flag(kw, "accuracy", True))  # fmt: skip
+        run(kw.get("shapes", "qwen3-8b,qwen3-1.7b").split(","), numbers(kw, "batches", [16, 64, 128], low=1),
+            number(kw, "prompt", 256, low=1), number(kw, "new", 512, low=1), flag(kw, "hf", True),
+            flag(kw, "profile", True), out, flag(kw, "gemm", True), flag(kw, "accuracy", True))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ from pathlib import Path
 
 import torch
 
-from aisrl.bench.cli import command, options
+from aisrl.bench.cli import command, number, numbers, options
 from aisrl.bench.one_step import one_step
 from aisrl.bench.report import machine, update_section, write_json
 from aisrl.branch import recorded_base
@@ -383,8 +383,8 @@ KEYS = ("preset", "quant", "seed", "salts", "methods", "start", "horizons", "cho
 
 if __name__ == "__main__":
     _, kw = options(sys.argv[1:], KEYS)
-    main(kw.get("preset"), kw.get("quant", "mxfp4_w4a4"), int(kw["seed"]) if "seed" in kw else None,
-         int(kw.get("salts", 16)), kw.get("methods", "none,tis,prefix_tis,seq_tis").split(","), kw.get("start", ""),
-         [int(h) for h in kw.get("horizons", "1,10,100").split(",")],
+    main(kw.get("preset"), kw.get("quant", "mxfp4_w4a4"), number(kw, "seed", None, low=0),
+         number(kw, "salts", 16, low=3), kw.get("methods", "none,tis,prefix_tis,seq_tis").split(","),
+         kw.get("start", ""), numbers(kw, "horizons", [1, 10, 100], low=1),
          kw["choose"].split(",") if "choose" in kw else None, kw.get("space", "grad"), kw.get("tag", ""),
-         float(kw.get("alpha_max", 1.0)))  # fmt: skip
+         number(kw, "alpha_max", 1.0, float))  # fmt: skip

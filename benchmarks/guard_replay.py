@@ -28,7 +28,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from aisrl.bench.cli import command, options
+from aisrl.bench.cli import command, number, options
 from aisrl.bench.report import write_json
 from aisrl.compare import _finite, measured_value, per_step, run_rows, summarize_run
 from aisrl.update import MismatchGuard
@@ -89,12 +89,7 @@ def parse(given: dict[str, str]) -> dict:
     opts = {**OPTIONS, **given}
     for key, kind in (("factor", float), ("drift", float), ("fall", float), ("window", int), ("anchor", int),
                       ("drift_window", int), ("steps", int)):  # fmt: skip
-        try:
-            opts[key] = kind(opts[key])
-        except ValueError:
-            raise SystemExit(f"{key}={opts[key]!r} is not a {kind.__name__}") from None
-        if kind is int and opts[key] < 1:
-            raise SystemExit(f"{key}={opts[key]} must be at least 1")
+        opts[key] = number(opts, key, None, kind, low=1 if kind is int else None)
     if opts["anchor"] > opts["steps"]:
         raise SystemExit(f"anchor={opts['anchor']} is longer than steps={opts['steps']}: lower it")
     return opts
@@ -104,13 +99,13 @@ def main(argv: list[str]) -> dict:
     keys = " ".join(f"[{k}={v}]" for k, v in OPTIONS.items())
     usage = f"python benchmarks/guard_replay.py FOLDER [FOLDER ...] {keys}"
     folders, given = options(argv, OPTIONS, positional=True, usage=usage)
+    opts = parse(given)
     if not folders:
         raise SystemExit(f"usage: {usage} (got {argv})")
     folders = [Path(f) for f in folders]
     missing = [str(f) for f in folders if not f.is_dir()]
     if missing:
         raise SystemExit(f"no such folder: {missing} (pass `aisrl compare` output folders)")
-    opts = parse(given)
     steps = opts["steps"]
     runs, unfinished = [], []
     for folder in folders:

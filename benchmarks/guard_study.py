@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # paired_seeds: the sh
 
 from paired_seeds import collect, score, summary  # noqa: E402
 
-from aisrl.bench.cli import command, options  # noqa: E402
+from aisrl.bench.cli import command, number, options  # noqa: E402
 from aisrl.bench.report import write_json  # noqa: E402
 from aisrl.checkpoint import checkpoint_dir, same_start  # noqa: E402
 from aisrl.compare import per_step, run_rows, summarize_run  # noqa: E402
@@ -82,8 +82,8 @@ def main(argv: list[str]) -> dict:
     if len(dirs) != 2:
         raise SystemExit(f"usage: {usage} (got {argv})")
     dirs = [Path(d) for d in dirs]
-    group, steps = opts.get("group", "fp8_e4m3_w8a8/ais"), int(opts.get("steps", 100))
-    fall = float(opts.get("fall", 0.08))
+    group, steps = opts.get("group", "fp8_e4m3_w8a8/ais"), number(opts, "steps", 100, low=1)
+    fall = number(opts, "fall", 0.08, float, low=0)
     guarded, unguarded = runs_of(dirs[0], group, steps), runs_of(dirs[1], group, steps)
     if not guarded:
         raise SystemExit(f"no finished run of {group} under {dirs[0]}")

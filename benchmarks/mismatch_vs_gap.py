@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from aisrl.bench.cli import command, options
+from aisrl.bench.cli import command, number, options
 from aisrl.bench.report import update_section, write_json
 from aisrl.compare import _finite, measured_value, per_step, run_rows
 
@@ -156,4 +156,4 @@ def main(dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metri
 if __name__ == "__main__":
     paths, kw = options(sys.argv[1:], ("format", "methods", "steps", "metric", "tag"), positional=True)
     main([Path(p) for p in paths], kw.get("format", "mxfp4_w4a4"), kw.get("methods", "none,tis,ais").split(","),
-         int(kw.get("steps", 100)), kw.get("metric", "greedy_accuracy"), kw.get("tag", ""))  # fmt: skip
+         number(kw, "steps", 100, low=1), kw.get("metric", "greedy_accuracy"), kw.get("tag", ""))  # fmt: skip

@@ -27,7 +27,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from aisrl.bench.cli import flag, options
+from aisrl.bench.cli import flag, number, options
 from aisrl.bench.report import write_json
 from aisrl.checkpoint import checkpoint_dir, same_start
 from aisrl.compare import per_step, run_rows
@@ -194,7 +194,7 @@ if __name__ == "__main__":
         dirs,
         kw.get("format", "mxfp4_w4a4"),
         kw.get("methods", "none,tis,ais").split(","),
-        int(kw.get("steps", 100)),
+        number(kw, "steps", 100, low=1),
         kw.get("metric", "reward"),
         kw.get("tag", ""),
         flag(kw, "overwrite", False),

@@ -83,4 +83,6 @@ def main(steps: int = 5):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2 or not all(a.isdigit() and int(a) > 0 for a in sys.argv[1:]):
+        sys.exit(f"usage: python benchmarks/trl_overhead.py [STEPS] (positive, default 5); got {sys.argv[1:]}")
     main(*(int(a) for a in sys.argv[1:]))

@@ -116,4 +116,6 @@ def main(steps: int = 2):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2 or not all(a.isdigit() and int(a) > 0 for a in sys.argv[1:]):
+        sys.exit(f"usage: python benchmarks/trl_step_time.py [STEPS] (positive, default 2); got {sys.argv[1:]}")
     main(*(int(a) for a in sys.argv[1:]))

@@ -1,6 +1,7 @@
 """aisrl.bench.cli: a benchmark script refuses an option it does not know (a misspelt key would otherwise run with its
 default and be recorded as set), names a subcommand only by its first argument, and records the command as run."""
 
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import load_benchmark
 
-from aisrl.bench.cli import command, options, subcommand
+from aisrl.bench.cli import command, number, numbers, options, subcommand
 
 BENCH = Path(__file__).parent.parent / "benchmarks"
 
@@ -91,6 +92,56 @@ def test_every_script_refuses_a_misspelt_key_naming_it_and_the_valid_ones(script
     monkeypatch.setattr(sys, "argv", [str(path), *args, "bogus=1"])
     monkeypatch.setattr(sys, "path", list(sys.path))  # the scripts that import a sibling add their folder
     with pytest.raises(SystemExit, match=rf"unknown keys \['bogus'\]; the options are key=value with keys .*'{valid}'"):
+        runpy.run_path(str(path), run_name="__main__")
+
+
+def test_numeric_options_are_read_with_their_type_and_a_bad_value_names_the_key():
+    kw = {"steps": "3", "lr": "1e-3", "seeds": "0, 1,2", "bad": "ten", "half": "2.5", "nan": "nan", "neg": "-1"}
+    assert number(kw, "steps", 9) == 3 and number(kw, "absent", 9) == 9 and number(kw, "absent", None) is None
+    assert number(kw, "lr", 0.0, float) == 1e-3 and number(kw, "steps", 0.0, float) == 3.0
+    assert numbers(kw, "seeds", [7]) == [0, 1, 2] and numbers(kw, "absent", [7, 8]) == [7, 8]
+    for key, kind, low, message in (("bad", int, None, "give an integer"), ("half", int, None, "give an integer"),
+                                    ("bad", float, None, "give a number"), ("nan", float, None, "give a finite"),
+                                    ("neg", int, 0, "give a value of at least 0")):  # fmt: skip
+        with pytest.raises(SystemExit, match=rf"^{key}='{kw[key]}': {message}"):
+            number(kw, key, None, kind, low)
+    with pytest.raises(SystemExit, match=r"^seeds='0,x' \(entry 'x'\): give an integer"):
+        numbers({"seeds": "0,x"}, "seeds", [])
+    with pytest.raises(SystemExit, match=r"^seeds='0,-2' \(entry '-2'\): give a value of at least 0"):
+        numbers({"seeds": "0,-2"}, "seeds", [], low=0)
+    with pytest.raises(SystemExit, match=r"^seeds=',': give one or more ints separated by commas"):
+        numbers({"seeds": ","}, "seeds", [])
+
+
+# Each script with a value of the wrong type: a clear exit naming the key (before: a ValueError traceback, or for
+# the two TRL scripts and correction_cost a step count of 0 that failed later).
+BAD_VALUES = [
+    ("mismatch_vs_gap", ["nowhere", "steps=x"], "steps='x'"),
+    ("checkpoint_mismatch", ["nowhere", "held=x"], "held='x'"),
+    ("checkpoint_mismatch", ["nowhere", "steps=80,y"], "steps='80,y'"),
+    ("copy_pull", ["lrs=x"], "lrs='x'"),
+    ("copy_pull", ["every=0"], "every='0'"),
+    ("first_step_gradients", ["below=x"], "below='x'"),
+    ("gpu_grpo", ["steps=2.5"], "steps='2.5'"),
+    ("gpu_rollout", ["run", "batches=x"], "batches='x'"),
+    ("calibration_noise", ["nowhere", "steps=x"], "steps='x'"),
+    ("ais_tis_paths", ["seed=-1"], "seed='-1'"),
+    ("gradient_bias", ["salts=x"], "salts='x'"),
+    ("paired_seeds", ["nowhere", "steps=x"], "steps='x'"),
+    ("guard_study", ["a", "b", "fall=x"], "fall='x'"),
+    ("guard_replay", ["nowhere", "window=x"], "window='x'"),
+    ("trl_overhead", ["0"], "usage: python benchmarks/trl_overhead.py"),
+    ("trl_step_time", ["two"], "usage: python benchmarks/trl_step_time.py"),
+    ("correction_cost", ["0"], "usage: python benchmarks/correction_cost.py"),
+]
+
+
+@pytest.mark.parametrize(("script", "args", "named"), BAD_VALUES, ids=[f"{s[0]}-{s[1][-1]}" for s in BAD_VALUES])
+def test_every_script_refuses_a_value_of_the_wrong_type_naming_the_key(script, args, named, monkeypatch):
+    path = BENCH / f"{script}.py"
+    monkeypatch.setattr(sys, "argv", [str(path), *args])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with pytest.raises(SystemExit, match=re.escape(named)):
         runpy.run_path(str(path), run_name="__main__")
 
 

@@ -39,6 +39,40 @@ def flag(kw: Mapping[str, str], key: str, default: bool) -> bool:
     raise SystemExit(f"{key}={text!r}: give 1/true/yes or 0/false/no")
 
 
+def number(kw: Mapping[str, str], key: str, default: float | None, kind: type = int, low: float | None = None):
+    """Option `key` read as `kind` (int or float), `default` when absent. Text that is not a `kind` (`steps=ten`,
+    `steps=2.5`), a NaN or infinity, or a value below `low` is an error naming the key and what to give, not a
+    traceback from deep in the run."""
+    text = kw.get(key)
+    return default if text is None else _read(key, text, kind, low)
+
+
+def numbers(kw: Mapping[str, str], key: str, default: list, kind: type = int, low: float | None = None) -> list:
+    """Option `key` as a comma-separated list of `kind` (`seeds=0,1,2`), `default` when absent; an empty list or an
+    entry that is not a `kind` at least `low` is an error naming the key."""
+    text = kw.get(key)
+    if text is None:
+        return list(default)
+    parts = [t.strip() for t in text.split(",")]
+    if not any(parts):
+        raise SystemExit(f"{key}={text!r}: give one or more {kind.__name__}s separated by commas, e.g. {key}=1,2")
+    return [_read(key, t, kind, low, whole=text) for t in parts]
+
+
+def _read(key: str, text: str, kind: type, low: float | None, whole: str | None = None):
+    """`text` as a finite `kind` at least `low`, or an error naming `key` (and the whole list it came from)."""
+    shown = f"{key}={text!r}" if whole is None else f"{key}={whole!r} (entry {text!r})"
+    try:
+        value = kind(text)
+    except ValueError:
+        raise SystemExit(f"{shown}: give {'an integer' if kind is int else 'a number'}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise SystemExit(f"{shown}: give a finite number")
+    if low is not None and value < low:
+        raise SystemExit(f"{shown}: give a value of at least {low}")
+    return value
+
+
 def subcommand(argv: list[str], commands: Mapping[str, Iterable[str]]) -> tuple[str, dict[str, str]]:
     """(command, options) of `[COMMAND] [key=value ...]`; `commands` maps each command to its keys, the first being
     the default. The first argument is the command unless it holds '=' (an option of the default); an unknown command
