@@ -48,6 +48,8 @@ def first_step_norm(preset: str, quant: str, seed: int, name: str, select: str |
 
 
 def main(preset: str, quant: str, seeds: list[int], below: float) -> dict:
+    if not below > 0:  # checked before a model is built: the split takes log(below)
+        raise SystemExit(f"below={below}: the weight threshold is above 0, e.g. 0.5")
     per_seed = {}
     for s in seeds:
         runs = {k: first_step_norm(preset, quant, s, name, sel, below)

@@ -90,6 +90,12 @@ def parse(given: dict[str, str]) -> dict:
     for key, kind in (("factor", float), ("drift", float), ("fall", float), ("window", int), ("anchor", int),
                       ("drift_window", int), ("steps", int)):  # fmt: skip
         opts[key] = number(opts, key, None, kind, low=1 if kind is int else None)
+    if not opts["factor"] > 1:  # the trainer's rule: correction.guard is 0 (off) or above 1
+        raise SystemExit(f"factor={opts['factor']}: the jump guard's factor is above 1 (correction.guard=F), e.g. 4")
+    if not opts["drift"] > 0:
+        raise SystemExit(f"drift={opts['drift']}: the drift ratio is above 0, e.g. 2")
+    if not 0 < opts["fall"] <= 1:
+        raise SystemExit(f"fall={opts['fall']}: a drop of held-out accuracy in (0, 1], e.g. 0.08 for 8 points")
     if opts["anchor"] > opts["steps"]:
         raise SystemExit(f"anchor={opts['anchor']} is longer than steps={opts['steps']}: lower it")
     return opts

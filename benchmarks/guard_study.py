@@ -83,7 +83,9 @@ def main(argv: list[str]) -> dict:
         raise SystemExit(f"usage: {usage} (got {argv})")
     dirs = [Path(d) for d in dirs]
     group, steps = opts.get("group", "fp8_e4m3_w8a8/ais"), number(opts, "steps", 100, low=1)
-    fall = number(opts, "fall", 0.08, float, low=0)
+    fall = number(opts, "fall", 0.08, float)
+    if not 0 < fall <= 1:
+        raise SystemExit(f"fall={fall}: a drop of held-out accuracy in (0, 1], e.g. 0.08 for 8 points")
     guarded, unguarded = runs_of(dirs[0], group, steps), runs_of(dirs[1], group, steps)
     if not guarded:
         raise SystemExit(f"no finished run of {group} under {dirs[0]}")

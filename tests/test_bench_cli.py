@@ -3,6 +3,7 @@ default and be recorded as set), names a subcommand only by its first argument, 
 
 import re
 import runpy
+import shutil
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -122,6 +123,7 @@ BAD_VALUES = [
     ("copy_pull", ["lrs=x"], "lrs='x'"),
     ("copy_pull", ["every=0"], "every='0'"),
     ("first_step_gradients", ["below=x"], "below='x'"),
+    ("first_step_gradients", ["below=0"], "below=0.0: the weight threshold is above 0"),
     ("gpu_grpo", ["steps=2.5"], "steps='2.5'"),
     ("gpu_rollout", ["run", "batches=x"], "batches='x'"),
     ("calibration_noise", ["nowhere", "steps=x"], "steps='x'"),
@@ -130,6 +132,10 @@ BAD_VALUES = [
     ("paired_seeds", ["nowhere", "steps=x"], "steps='x'"),
     ("guard_study", ["a", "b", "fall=x"], "fall='x'"),
     ("guard_replay", ["nowhere", "window=x"], "window='x'"),
+    ("guard_replay", ["nowhere", "factor=0.5"], "factor=0.5: the jump guard's factor is above 1"),
+    ("guard_replay", ["nowhere", "drift=0"], "drift=0.0: the drift ratio is above 0"),
+    ("guard_replay", ["nowhere", "fall=8"], "fall=8.0: a drop of held-out accuracy in (0, 1]"),
+    ("guard_study", ["a", "b", "fall=0"], "fall=0.0: a drop of held-out accuracy in (0, 1]"),
     ("trl_overhead", ["0"], "usage: python benchmarks/trl_overhead.py"),
     ("trl_step_time", ["two"], "usage: python benchmarks/trl_step_time.py"),
     ("correction_cost", ["0"], "usage: python benchmarks/correction_cost.py"),
@@ -137,8 +143,14 @@ BAD_VALUES = [
 
 
 @pytest.mark.parametrize(("script", "args", "named"), BAD_VALUES, ids=[f"{s[0]}-{s[1][-1]}" for s in BAD_VALUES])
-def test_every_script_refuses_a_value_of_the_wrong_type_naming_the_key(script, args, named, monkeypatch):
-    path = BENCH / f"{script}.py"
+def test_every_script_refuses_a_value_of_the_wrong_type_naming_the_key(script, args, named, tmp_path, monkeypatch):
+    # run from a copy, so that a script which failed to refuse writes its results under tmp_path, not into the
+    # repository (a first version of this test published a measurement of correction_cost.py 0 that way)
+    (tmp_path / "benchmarks").mkdir()
+    for f in BENCH.glob("*.py"):
+        shutil.copy(f, tmp_path / "benchmarks" / f.name)
+    path = tmp_path / "benchmarks" / f"{script}.py"
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", [str(path), *args])
     monkeypatch.setattr(sys, "path", list(sys.path))
     with pytest.raises(SystemExit, match=re.escape(named)):
