@@ -88,12 +88,23 @@ SCRIPTS = [
 
 
 @pytest.mark.parametrize(("script", "args", "valid"), SCRIPTS, ids=[s[0] for s in SCRIPTS])
-def test_every_script_refuses_a_misspelt_key_naming_it_and_the_valid_ones(script, args, valid, monkeypatch):
-    path = BENCH / f"{script}.py"
-    monkeypatch.setattr(sys, "argv", [str(path), *args, "bogus=1"])
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the scripts that import a sibling add their folder
+def test_every_script_refuses_a_misspelt_key_naming_it_and_the_valid_ones(script, args, valid, tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match=rf"unknown keys \['bogus'\]; the options are key=value with keys .*'{valid}'"):
-        runpy.run_path(str(path), run_name="__main__")
+        run_copy(script, [*args, "bogus=1"], tmp_path, monkeypatch)
+
+
+def run_copy(script: str, args: list[str], tmp_path: Path, monkeypatch) -> None:
+    """Run benchmarks/`script`.py as a command with `args`, from a copy of the folder under tmp_path: a script that
+    failed to refuse its arguments writes its results there, not into the repository (a first version of the test
+    below published a measurement of `correction_cost.py 0` that way)."""
+    (tmp_path / "benchmarks").mkdir()
+    for f in BENCH.glob("*.py"):
+        shutil.copy(f, tmp_path / "benchmarks" / f.name)
+    path = tmp_path / "benchmarks" / f"{script}.py"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(path), *args])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the scripts that import a sibling add their folder
+    runpy.run_path(str(path), run_name="__main__")
 
 
 def test_numeric_options_are_read_with_their_type_and_a_bad_value_names_the_key():
@@ -144,17 +155,8 @@ BAD_VALUES = [
 
 @pytest.mark.parametrize(("script", "args", "named"), BAD_VALUES, ids=[f"{s[0]}-{s[1][-1]}" for s in BAD_VALUES])
 def test_every_script_refuses_a_value_of_the_wrong_type_naming_the_key(script, args, named, tmp_path, monkeypatch):
-    # run from a copy, so that a script which failed to refuse writes its results under tmp_path, not into the
-    # repository (a first version of this test published a measurement of correction_cost.py 0 that way)
-    (tmp_path / "benchmarks").mkdir()
-    for f in BENCH.glob("*.py"):
-        shutil.copy(f, tmp_path / "benchmarks" / f.name)
-    path = tmp_path / "benchmarks" / f"{script}.py"
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", [str(path), *args])
-    monkeypatch.setattr(sys, "path", list(sys.path))
     with pytest.raises(SystemExit, match=re.escape(named)):
-        runpy.run_path(str(path), run_name="__main__")
+        run_copy(script, args, tmp_path, monkeypatch)
 
 
 def test_smoke_runs_of_the_published_benchmarks_keep_names_of_their_own():
