@@ -186,6 +186,10 @@ def test_settings_the_rollout_copy_cannot_honour_are_refused(tmp_path):
         AISGRPOTrainer(model=model, args=grpo_args(tmp_path, top_p=0.9), **kw)
     with pytest.raises(ValueError, match="rollout_quant and use_vllm=True"):
         AISGRPOTrainer(model=model, args=grpo_args(tmp_path, use_vllm=True), **kw)
+    unbounded = grpo_args(tmp_path)
+    unbounded.max_completion_length = None  # TRL allows it; before, train() failed naming max_new_tokens
+    with pytest.raises(ValueError, match=r"max_completion_length .* positive integer .*\(got None\)"):
+        AISGRPOTrainer(model=model, args=unbounded, **kw)
     with pytest.raises(ValueError, match="with a PEFT"):
         AISGRPOTrainer(model=model, args=grpo_args(tmp_path), peft_config=object(), **kw)
     peft = pytest.importorskip("peft")

@@ -22,7 +22,7 @@ def verl_algos():
 def batch(seed=0, n=6, t=8):
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(n, t, generator=g) * 3
-    rollout = old + 0.3 * torch.randn(n, t, generator=g)  # a real mismatch
+    rollout = -(old + 0.3 * torch.randn(n, t, generator=g)).abs()  # a real mismatch; log-probs are <= 0
     logp = (old + 0.05 * torch.randn(n, t, generator=g)).requires_grad_(True)
     adv = torch.randn(n, generator=g)[:, None].expand(n, t).contiguous()
     mask = torch.arange(t)[None] < torch.tensor([8, 5, 8, 3, 7, 6])[:, None]
@@ -95,6 +95,25 @@ def test_weights_that_cannot_be_raw_are_explained():
         with pytest.raises(ValueError, match=why) as e:
             check_raw_weights(bad, mask)
         assert all(s in str(e.value) for s in REQUIRED_SETTINGS)
+
+
+def test_weights_divided_by_their_batch_mean_are_refused_by_the_rollout_log_probs_they_imply(stub_verl):
+    """verl's rollout_is_batch_normalize=true divides every weight by the batch mean; the loss would then recover
+    rollout log-probs shifted by log(mean) (a sequence-level correction by T log(mean)). Weights divided by a mean
+    above 1 imply a rollout log-prob above 0 on a token the sampler was sure of; raw ones never do. (A mean below 1
+    leaves no such trace: the check cannot see it.)"""
+    old, rollout, logp, adv, mask, w = batch(2)
+    old[:, 0], rollout[:, 0] = -1e-4, -3e-4  # a token the sampler and the trainer were both sure of
+    mask[:, 0] = True
+    w = torch.exp(old - rollout) * mask
+    assert check_raw_weights(w, mask, old_logp=old) is True  # raw: every implied rollout log-prob is <= 0
+    mean = w[mask].mean()
+    assert mean > 1.002  # by construction of batch(2): a mean that a normalisation divides away
+    with pytest.raises(ValueError, match=r"imply a rollout log-prob of .* > 0.*rollout_is_batch_normalize") as e:
+        check_raw_weights(w / 1.002, mask, old_logp=old)  # divided by a mean of 1.002: the token implies +0.0017
+    assert all(x in str(e.value) for x in REQUIRED_SETTINGS)
+    with pytest.raises(ValueError, match="rollout_is_batch_normalize"):
+        make_policy_loss("seq_tis")(old, logp, adv, mask, "token-mean", CFG, torch.where(mask, w / mean, 0.0))
 
 
 def test_weights_at_verls_safety_bound_are_raw_not_truncated():
@@ -194,12 +213,15 @@ def test_a_micro_batch_with_no_scored_token_leaves_the_alpha_ema_alone(stub_verl
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
 def test_a_micro_batch_that_keeps_no_token_has_loss_0_not_nan(stub_verl, agg):
     # verl's legacy path passes no global counts (CFG's global_batch_info is empty): agg_loss divides by the mask
+    # verl's model-engine path fills global_batch_info but may leave its counts None: the same division by the mask
+    no_counts = {**CFG, "global_batch_info": {"dp_size": 1, "batch_num_tokens": None, "global_batch_size": None}}
     old, rollout, logp, adv, mask, w = batch(0)
     for name, weights in (("icepop", w * 10), ("tis", torch.full_like(w, float("nan")))):  # all outside [0.5, 2]
-        loss, metrics = make_policy_loss(name)(old, logp, adv, mask, agg, CFG, weights)  # every token out of the loss
-        assert metrics["aisrl/mask_frac_token" if name == "icepop" else "aisrl/nonfinite_frac"] == 1.0
-        assert loss.item() == 0.0 and loss.requires_grad  # before: NaN, which verl logs as the step's pg_loss
-        assert torch.equal(torch.autograd.grad(loss, logp)[0], torch.zeros_like(logp))
+        for cfg in (CFG, no_counts):
+            loss, metrics = make_policy_loss(name)(old, logp, adv, mask, agg, cfg, weights)  # no token in the loss
+            assert metrics["aisrl/mask_frac_token" if name == "icepop" else "aisrl/nonfinite_frac"] == 1.0
+            assert loss.item() == 0.0 and loss.requires_grad  # before: NaN, which verl logs as the step's pg_loss
+            assert torch.equal(torch.autograd.grad(loss, logp)[0], torch.zeros_like(logp))
 
 
 def test_verl_external_module_hook_registers_the_losses(tmp_path, verl_algos):

@@ -90,6 +90,10 @@ def _check_rollout_copy_settings(model, args, kwargs) -> None:
         return
     if getattr(args, "use_vllm", False):
         raise ValueError("rollout_quant and use_vllm=True both generate completions; pass one of them")
+    length = getattr(args, "max_completion_length", 1)
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:  # TRL allows None: generate to the end
+        raise ValueError(f"rollout_quant generates at most max_completion_length tokens per completion; set it to a "
+                         f"positive integer in GRPOConfig (got {length!r})")  # fmt: skip
     bad = list(_sampling_filters(args))  # the copy's log-probs would include any of them, TRL's would not
     if bad:
         raise ValueError(f"rollout_quant samples with temperature only; unset {bad} (TRL's trainer log-probs do "

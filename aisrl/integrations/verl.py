@@ -124,6 +124,10 @@ def _settings_error(what: str) -> ValueError:
                       + "\n  ".join(REQUIRED_SETTINGS))  # fmt: skip
 
 
+IMPLIED_LOGP_TOL = 1e-3
+"""How far above 0 a rollout log-prob implied by the weights may sit (round-off of exp and log in FP32) before the
+weights are taken for rescaled ones: a batch mean of 1.001 or more shows on any token the sampler was sure of."""
+
 CHECKED_CALLS = 16
 """Micro-batches (about a first step's) whose weights each loss function judges; later ones only need weights."""
 
@@ -135,7 +139,8 @@ def check_raw_weights(w: torch.Tensor | None, mask: torch.Tensor, tally: dict | 
     the largest weight seen and the tokens that held it over a loss function's calls: a cap that few tokens of
     each micro-batch reach (verl's default 2.0 under a mild mismatch) shows only as ties summed over several.
     Given `old_logp` (N, T), tokens tie only with different trainer log-probs: completions of one prompt that share
-    a prefix give those tokens the very same log-probs on both sides, so the very same raw weight.
+    a prefix give those tokens the very same log-probs on both sides, so the very same raw weight; and weights that
+    imply a rollout log-prob above 0 (old_logp - log w > IMPLIED_LOGP_TOL) were divided by a batch mean above 1.
 
     NaN weights are not a sign of the settings: verl's exp(clamp(old - rollout, -20, 20)) keeps the NaN of a token
     the rollout engine could not score (clamp passes NaN through), and `correct` drops such tokens (counted in
@@ -149,6 +154,11 @@ def check_raw_weights(w: torch.Tensor | None, mask: torch.Tensor, tally: dict | 
     if not torch.isfinite(v).all() or (v <= 0).any():
         raise _settings_error("rollout_is_weights has zeros or infinite values inside the response mask "
                               "(a rejection/IcePop threshold such as '0.5_2.0' was applied)")  # fmt: skip
+    if old_logp is not None:  # raw weights imply rollout log-probs <= 0; weights divided by a mean above 1 do not
+        implied = (old_logp.detach().double() - w.detach().double().log())[on]  # the rollout log-probs they imply
+        if (implied > IMPLIED_LOGP_TOL).any():
+            raise _settings_error(f"rollout_is_weights imply a rollout log-prob of {implied.max().item():.3g} > 0, "
+                                  "which no sampler gives: they were rescaled (rollout_is_batch_normalize=true)")
     if (v == 1).all():
         return True  # bit-identical engines: raw weights that are all exactly 1
     lengths = on.sum(-1)
@@ -209,9 +219,12 @@ def make_policy_loss(name: str, **options):
                                                                 cfg.get("clip_ratio_c", 3.0))  # fmt: skip
         pg = pg * torch.where(keep, res.weights.detach().to(pg.dtype), 0.0)  # (N, T)
         info = getattr(config, "global_batch_info", None) or (cfg.get("global_batch_info") or {})
-        # verl's legacy path passes no global counts, and agg_loss then divides by this micro-batch's: 0/0 where it
-        # kept no token (a rejecting correction, unscorable log-probs); its loss is then 0, with the graph kept
-        loss = agg_loss(pg, keep, loss_agg_mode, **info) if info or keep.any() else (pg * 0).sum()
+        # verl's legacy path passes no global counts (and its model-engine path may pass them as None); agg_loss then
+        # divides by this micro-batch's: 0/0 where it kept no token (a rejecting correction, unscorable log-probs);
+        # its loss is then 0, with the graph kept
+        count = "batch_num_tokens" if loss_agg_mode == "token-mean" else "global_batch_size"
+        counted = info.get(count) is not None
+        loss = agg_loss(pg, keep, loss_agg_mode, **info) if counted or keep.any() else (pg * 0).sum()
         if "alpha" in res.metrics and res.metrics["num_tokens"].item() > 0:  # an unscored batch measured nothing
             state["prev_alpha"] = res.metrics["alpha"].item()
         n = keep.sum().clamp(min=1)
