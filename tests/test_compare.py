@@ -765,9 +765,9 @@ def test_guard_replay_finds_the_guards_trips_and_slow_drifts(tmp_path, monkeypat
         mod.main([str(tmp_path / "study"), "group=f/none", "steps=30"])
     with pytest.raises(SystemExit, match="no such folder"):
         mod.main([str(tmp_path / "stuyd")])
-    with pytest.raises(SystemExit, match="drift_window=0 must be at least 1"):
+    with pytest.raises(SystemExit, match="drift_window='0': give a value of at least 1"):
         mod.main([str(tmp_path / "study"), "drift_window=0"])
-    with pytest.raises(SystemExit, match="factor='x' is not a float"):
+    with pytest.raises(SystemExit, match="factor='x': give a number"):
         mod.main([str(tmp_path / "study"), "factor=x"])
 
 
