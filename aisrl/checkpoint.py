@@ -270,10 +270,19 @@ def latest_checkpoint(output_dir) -> Path | None:
     if name is None:
         return None
     pointer, path = _dir(output_dir) / "latest", _dir(output_dir) / name
-    if not (path / "state.pt").exists() or not (path / "model.safetensors").exists():
-        raise FileNotFoundError(f"{pointer} names {path.name}, which is incomplete or missing; restore it or delete "
-                                f"{pointer} to start over")  # fmt: skip
+    if not _complete(path):
+        whole = sorted((p for p in _dir(output_dir).glob("step_*") if p.name[5:].isdigit() and _complete(p)),
+                       key=lambda p: int(p.name[5:]))  # fmt: skip
+        # deleting `latest` starts over, and the new start's first save removes every later step_* as abandoned
+        fix = (f"resume from the newest complete checkpoint by writing {whole[-1].name} into {pointer}" if whole
+               else f"delete {pointer} to start over (no complete checkpoint is left)")  # fmt: skip
+        raise FileNotFoundError(f"{pointer} names {path.name}, which is incomplete or missing; restore it, or {fix}")
     return path
+
+
+def _complete(path: Path) -> bool:
+    """Whether a checkpoint folder holds both of its files."""
+    return (path / "state.pt").exists() and (path / "model.safetensors").exists()
 
 
 def _unreadable(path: Path, e: Exception) -> ValueError:

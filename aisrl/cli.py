@@ -38,12 +38,24 @@ def _mismatch(args) -> int:
     return 0
 
 
-def _train_config(args):
-    """TrainConfig from `[PRESET] [key=value ...]`."""
+def _train_config(args, log=print):
+    """TrainConfig from `[PRESET] [key=value ...]`. A run's record (`runs/x/config.json`) as the preset is that run:
+    its output_dir is the folder the file is in, wherever the record says it trained (a copied or moved run would
+    otherwise be continued, or scored, in its old place), unless `output_dir=` is typed."""
+    from pathlib import Path
+
     from aisrl.train_config import DEFAULT_PRESET, load_config
 
     preset, overrides = _preset_and_overrides(args)
-    return load_config(preset or DEFAULT_PRESET, overrides)
+    cfg = load_config(preset or DEFAULT_PRESET, overrides)
+    typed = any(o.split("=", 1)[0].strip() == "output_dir" for o in overrides)
+    if preset and Path(preset).name == "config.json" and not typed:
+        here = Path(preset).parent
+        if Path(cfg.output_dir).resolve() != here.resolve():
+            log(f"aisrl: note: {preset} records output_dir={cfg.output_dir!r}; the run is the folder the file is in, "
+                f"{str(here)!r} (pass output_dir=... to choose another)")  # fmt: skip
+            cfg.output_dir = str(here)
+    return cfg
 
 
 def _train(args) -> int:
@@ -125,7 +137,7 @@ def _run_config(args, log=print):
     from aisrl.checkpoint import config_changes
     from aisrl.train_config import load_config
 
-    cfg = _train_config(args)
+    cfg = _train_config(args, log)
     recorded = Path(cfg.output_dir) / "config.json"
     if not recorded.is_file():
         return cfg
@@ -133,8 +145,12 @@ def _run_config(args, log=print):
     try:
         run_cfg = load_config(str(recorded), overrides)
     except ValueError as e:
-        log(f"aisrl: note: {recorded} does not load with this version ({e}); scoring with the preset's settings")
+        if not preset:  # the default preset's task and model would score the run as if it were another
+            raise ValueError(f"{recorded} does not load ({e}); to score the run with a preset's settings, pass "
+                             f"the one it was trained with: aisrl eval PRESET output_dir={cfg.output_dir}") from e
+        log(f"aisrl: note: {recorded} does not load ({e}); scoring with the settings of preset {preset!r}")
         return cfg
+    run_cfg.output_dir = cfg.output_dir  # the folder the record was read from (it may have moved since)
     if preset:
         changes = config_changes(dataclasses.asdict(run_cfg), dataclasses.asdict(cfg))
         if changes:

@@ -1,4 +1,5 @@
 import json
+import shutil
 
 import pytest
 
@@ -69,7 +70,7 @@ def test_eval_scores_a_run_with_the_settings_it_recorded(tmp_path, capsys):
     import argparse
     import dataclasses
 
-    from aisrl.cli import _run_config
+    from aisrl.cli import _run_config, _train_config
     from aisrl.train_config import load_config
 
     run = tmp_path / "run"
@@ -86,6 +87,22 @@ def test_eval_scores_a_run_with_the_settings_it_recorded(tmp_path, capsys):
     assert cfg.seed == 3 and len(notes) == 1  # no preset named: nothing to note
     (run / "config.json").write_text(json.dumps({**dataclasses.asdict(trained), "gone": 1}))  # another version
     assert _run_config(args, notes.append).seed == 0 and "does not load" in notes[-1]
+    # with no preset typed, a record that does not load is an error: the default preset (another task, another
+    # model) scored the run before, and exited 0
+    with pytest.raises(ValueError, match=r"does not load .* pass the one it was trained with: aisrl eval PRESET"):
+        _run_config(argparse.Namespace(preset=f"output_dir={run}", overrides=[]), notes.append)
+    # a run copied elsewhere is scored (and trained) in its new folder, not in the one its record names
+    (run / "config.json").write_text(json.dumps(dataclasses.asdict(trained)))
+    moved = tmp_path / "moved"
+    shutil.copytree(run, moved)
+    for given in (argparse.Namespace(preset=str(moved / "config.json"), overrides=[]),
+                  argparse.Namespace(preset=f"output_dir={moved}", overrides=[])):  # fmt: skip
+        cfg = _run_config(given, notes.append)
+        assert cfg.output_dir == str(moved) and cfg.seed == 3
+    assert "records output_dir=" in notes[-1] and str(moved) in notes[-1]  # the file's folder, said once
+    assert _train_config(argparse.Namespace(preset=str(moved / "config.json"), overrides=[])).output_dir == str(moved)
+    typed = argparse.Namespace(preset=str(moved / "config.json"), overrides=[f"output_dir={tmp_path / 'new'}"])
+    assert _train_config(typed).output_dir == str(tmp_path / "new")  # a template for a new run: output_dir typed
     # a bad override is named as in training, before anything is built (before: eval_problems=0 ran into "the task
     # gives 64 training and 0 held-out problems", and seed=-1 was taken)
     (run / "config.json").write_text(json.dumps(dataclasses.asdict(trained)))

@@ -318,10 +318,20 @@ def test_small_pool_and_non_positive_settings_fail_clearly(capsys, monkeypatch):
 
 def test_broken_latest_pointer_is_an_error_not_a_restart(tmp_path):
     model = torch.nn.Linear(2, 2)
-    path = save_checkpoint(tmp_path, 1, model, torch.optim.AdamW(model.parameters()), {})
+    opt = torch.optim.AdamW(model.parameters())
+    path = save_checkpoint(tmp_path, 1, model, opt, {})
     (path / "state.pt").unlink()
-    with pytest.raises(FileNotFoundError, match="incomplete or missing"):
+    with pytest.raises(FileNotFoundError, match=r"incomplete or missing; restore it, or delete .*no complete"):
         latest_checkpoint(tmp_path)
+    # with earlier complete checkpoints, the advice names the newest: deleting `latest` (the advice before) started
+    # over, and the new start's first save deleted them all as an abandoned start's
+    for step in (2, 3, 4):
+        path = save_checkpoint(tmp_path, step, model, opt, {}, keep=3)
+    (path / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=r"step_000004, which is incomplete .* by writing step_000003 into"):
+        latest_checkpoint(tmp_path)
+    (tmp_path / "checkpoints/latest").write_text("step_000003")
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints/step_000003"
 
 
 def test_completions_are_scored_without_the_eos_token():
