@@ -22,7 +22,8 @@ checkpoints), so it resumes when interrupted. The base settings are the run's re
 before runs recorded their config needs its preset and overrides instead. `out/branches.json` holds, per branch,
 the held-out greedy accuracy at the branch point and at the end, its training accuracy and the mismatch (k3 KL)
 over the branch's steps. A branch *falls* when its final held-out accuracy is `fall` or more below the accuracy at
-the branch point.
+the branch point; a branch whose settings give another held-out set (seed=, eval_problems=, the task's) reports
+no change. A branch the trainer refuses (a setting its checkpoint cannot take) leaves no copy behind.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from aisrl.checkpoint import atomic_write_text, read_record, saved_weights
+from aisrl.checkpoint import atomic_write_text, latest_step, read_record, saved_weights
 from aisrl.compare import run_rows
 
 
@@ -144,10 +145,11 @@ def _check_branch_point(run: Path, step: int, dst: Path) -> None:
                          f"{step}; use another out=, or delete {dst} to branch again")  # fmt: skip
 
 
-def start_from_checkpoint(run: Path, step: int, dst: Path) -> None:
-    """Make `dst` a run folder resuming at `step` of `run`: that checkpoint and the metrics up to it."""
+def start_from_checkpoint(run: Path, step: int, dst: Path) -> bool:
+    """Make `dst` a run folder resuming at `step` of `run`: that checkpoint and the metrics up to it. Returns whether
+    it did (False: started before)."""
     if (dst / "checkpoints" / "latest").is_file():
-        return  # started before: the trainer resumes it (or says it is done)
+        return False  # started before: the trainer resumes it (or says it is done)
     src = saved_weights(run, step, resumable=True).parent  # the trainer resumes its optimizer and generators too
     shutil.copytree(src, dst / "checkpoints" / src.name, dirs_exist_ok=True)
     kept = [r for r in run_rows(run) if r["step"] <= step]
@@ -156,16 +158,39 @@ def start_from_checkpoint(run: Path, step: int, dst: Path) -> None:
         shutil.copyfile(run / "start.json", dst / "start.json")
     atomic_write_text(dst / "branch.json", json.dumps(_branch_point(run, step)))
     atomic_write_text(dst / "checkpoints" / "latest", src.name)
+    return True
 
 
-def summarize_branch(rows: list[dict], step: int, fall: float) -> dict:
-    """Held-out greedy accuracy at the branch point and the end, and the branch's training accuracy and k3 KL."""
+def held_out_changes(run: Path, base: str, branch) -> list[str]:
+    """Why a branch's held-out accuracy cannot be set against the run's at the branch point: the keys whose new
+    values give another held-out set (seed, eval_problems, the task's settings), [] when the set is the run's. A run
+    without a recorded config (`base` a preset) is taken at its preset's word."""
+    import dataclasses
+
+    from aisrl.checkpoint import config_changes
+    from aisrl.train_config import load_config
+    from aisrl.trainer import problem_sets, task_of
+
+    if base != str(run / "config.json"):
+        return []
+    recorded = load_config(base, [])
+    sets = [[(p.question, p.answer) for p in problem_sets(c, task_of(c))[1]] for c in (recorded, branch)]
+    if sets[0] == sets[1]:
+        return []
+    changes = config_changes(dataclasses.asdict(recorded), dataclasses.asdict(branch), free=())
+    keys = ("seed:", "eval_problems:", "task:", "task_options", "dataset:", "lab.")  # what makes the held-out set
+    return [c for c in changes if c.startswith(keys)] or ["the held-out problems differ"]
+
+
+def summarize_branch(rows: list[dict], step: int, fall: float, comparable: bool = True) -> dict:
+    """Held-out greedy accuracy at the branch point and the end, and the branch's training accuracy and k3 KL.
+    `comparable` False: the branch evaluates on another held-out set than the run's, so no change is reported."""
     evals = {r["step"]: r["eval_accuracy"] for r in rows if "eval_accuracy" in r}
     after = [r for r in rows if r["step"] > step]
     start = evals.get(step)  # None when the run did not evaluate at the branch point
     end = evals[max(evals)] if evals and max(evals) > step else None
     k3 = [r["k3_kl"] for r in after if "k3_kl" in r]
-    change = None if start is None or end is None else end - start
+    change = None if start is None or end is None or not comparable else end - start
     return {
         "steps": len(after),
         "eval_start": start,
@@ -188,16 +213,29 @@ def run_branches(cfg: BranchConfig, log=print) -> dict:
     if not any(r.get("step") == cfg.step and "eval_accuracy" in r for r in run_rows(Path(cfg.run))):
         log(f"branch: {cfg.run} did not evaluate at step {cfg.step}, so no change of held-out accuracy is reported; "
             "branch from a step it evaluated at to get one")  # fmt: skip
-    for _, tc, _ in plans:
-        start_from_checkpoint(Path(cfg.run), cfg.step, Path(tc.output_dir))
-    if cfg.jobs == 1:
-        for salt, tc, _ in plans:
-            log(f"branch: salt {salt} in {tc.output_dir}")
-            train(tc, log=lambda _: None)
-    else:
-        runs = [(f"salt {salt}", args, Path(tc.output_dir)) for salt, tc, args in plans]
-        train_subprocesses(runs, cfg.jobs, lambda m: log(f"branch: {m}"))
-    results = {str(salt): summarize_branch(run_rows(Path(tc.output_dir)), cfg.step, cfg.fall) for salt, tc, _ in plans}
+    changed = held_out_changes(Path(cfg.run), plans[0][2][0], plans[0][1])  # the salt leaves the problems alone
+    if changed:
+        log(f"branch: the branches evaluate on another held-out set than the run's ({'; '.join(changed)}), so no "
+            "change of held-out accuracy (and no fall) is reported")  # fmt: skip
+    started = [Path(tc.output_dir) for _, tc, _ in plans if start_from_checkpoint(Path(cfg.run), cfg.step,
+                                                                                   Path(tc.output_dir))]  # fmt: skip
+    try:
+        if cfg.jobs == 1:
+            for salt, tc, _ in plans:
+                log(f"branch: salt {salt} in {tc.output_dir}")
+                train(tc, log=lambda _: None)
+        else:
+            runs = [(f"salt {salt}", args, Path(tc.output_dir)) for salt, tc, args in plans]
+            train_subprocesses(runs, cfg.jobs, lambda m: log(f"branch: {m}"))
+    except Exception:  # a setting the trainer refuses (another model's weights, say): take back the copies made
+        for dst in started:
+            if latest_step(dst) == cfg.step:  # nothing trained past the copied checkpoint
+                shutil.rmtree(dst, ignore_errors=True)
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    results = {str(salt): summarize_branch(run_rows(Path(tc.output_dir)), cfg.step, cfg.fall, not changed)
+               for salt, tc, _ in plans}  # fmt: skip
     changes = [r["eval_change"] for r in results.values() if r["eval_change"] is not None]
     result = {
         "config": asdict(cfg),

@@ -70,16 +70,14 @@ def build(cfg: TrainConfig):
     """(model, tokenizer, task, encode_prompt) for the configured model and task."""
     if cfg.model.name == "lab" and cfg.model.kind == "diffusion":
         from aisrl.diffusion_lab import diffusion_lab_model, encode_prompt
-        from aisrl.lab import lab_task
 
         model, tok, _ = diffusion_lab_model(cfg.lab, diffusion_params(cfg))
-        return model, tok, lab_task(cfg.lab, cfg.lenient_reward), lambda p: encode_prompt(tok, p)
+        return model, tok, task_of(cfg), lambda p: encode_prompt(tok, p)
     if cfg.model.name == "lab":
-        from aisrl.lab import lab_model, lab_task, prompt_text
+        from aisrl.lab import lab_model, prompt_text
 
         model, tok, _ = lab_model(cfg.lab)
-        task = lab_task(cfg.lab, cfg.lenient_reward)
-        return model, tok, task, lambda p: [tok.bos_token_id] + tok.encode(prompt_text(p))
+        return model, tok, task_of(cfg), lambda p: [tok.bos_token_id] + tok.encode(prompt_text(p))
     if cfg.model.kind == "diffusion":  # a LLaDA-style checkpoint directory with its remote code
         from transformers import AutoTokenizer
 
@@ -93,7 +91,18 @@ def build(cfg: TrainConfig):
         model, tok = load_model(cfg.model.name)
         if tok is None:
             raise ValueError(f"model {cfg.model.name!r} has no tokenizer; use model.name=lab or a directory with one")
-    return model, tok, _file_or_named_task(cfg), _chat_encoder(tok)
+    return model, tok, task_of(cfg), _chat_encoder(tok)
+
+
+def task_of(cfg: TrainConfig):
+    """The run's task, without its model: the lab's own (lab.task and its settings) or the named or file task."""
+    if cfg.model.name == "lab":
+        from aisrl.lab import lab_task
+
+        return lab_task(cfg.lab, cfg.lenient_reward)
+    from aisrl.tasks import make_task
+
+    return make_task(cfg.task, lenient=cfg.lenient_reward, **task_kwargs(cfg))
 
 
 def _with_lora(cfg: TrainConfig, model, dropout: float = 0.0):
@@ -112,12 +121,6 @@ def build_trained(cfg: TrainConfig, weights: Path):
         model = _with_lora(cfg, model)
     load_weights(model, weights)
     return (model.merge_and_unload() if cfg.lora.r > 0 else model), tok, task, encode
-
-
-def _file_or_named_task(cfg: TrainConfig):
-    from aisrl.tasks import make_task
-
-    return make_task(cfg.task, lenient=cfg.lenient_reward, **task_kwargs(cfg))
 
 
 def _chat_encoder(tok):

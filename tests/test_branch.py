@@ -188,6 +188,37 @@ def test_a_branch_point_without_an_evaluation_is_reported(run, tmp_path):
     assert res["branches"]["0"]["eval_start"] is None and res["scored"] == 0 and res["eval_change_mean"] is None
 
 
+def test_a_branch_the_trainer_refuses_leaves_no_copy_behind(run, tmp_path):
+    """The checkpoint is copied into every branch folder before training; a setting only the trainer can judge
+    (here a LoRA rank the run's weights do not have) left those copies (tens of GB on the GPU presets) in place."""
+    out = tmp_path / "b"
+    with pytest.raises(ValueError, match="holds weights of another model"):
+        run_branches(BranchConfig(run=str(run), step=2, salts=[1, 2], out=str(out), train=["lora.r=4"]), print)
+    assert not out.exists()
+    # a branch that trained past its copy keeps its work; only the copies this call made are taken back
+    run_branches(BranchConfig(run=str(run), step=2, salts=[1], out=str(out)), log=lambda _: None)
+    finished = rows(out / "salt1")
+    with pytest.raises(ValueError, match=r"salt1 holds a run started with another config \(lora.r: 0 -> 4\)"):
+        run_branches(BranchConfig(run=str(run), step=2, salts=[1, 2], out=str(out), train=["lora.r=4"]), print)
+    assert rows(out / "salt1") == finished and not (out / "salt2").exists()
+
+
+def test_a_branch_on_another_held_out_set_reports_no_change(run, tmp_path):
+    """seed= or eval_problems= give the branch other held-out problems: its end accuracy set against the run's at the
+    branch point called a branch fallen (or not) by comparing two different sets."""
+    logs = []
+    res = run_branches(BranchConfig(run=str(run), step=2, salts=[1], out=str(tmp_path / "b"),
+                                    train=["eval_problems=5"]), logs.append)  # fmt: skip
+    b = res["branches"]["1"]
+    assert b["eval_start"] is not None and b["eval_end"] is not None  # both measured, on different sets
+    assert b["eval_change"] is None and b["fell"] is None and res["scored"] == 0
+    assert any("another held-out set than the run's (eval_problems: " in line for line in logs)
+    logs.clear()
+    same = run_branches(BranchConfig(run=str(run), step=2, salts=[1], out=str(tmp_path / "c"),
+                                     train=["rollout.quant=none"]), logs.append)  # fmt: skip
+    assert same["branches"]["1"]["eval_change"] is not None and not any("held-out set" in x for x in logs)
+
+
 def test_a_branch_folder_named_past_a_file_systems_limit_ends_in_a_hash(tmp_path):
     """The folder name holds every override: a 16-pattern rollout.keep ran past 255 bytes, an OSError traceback."""
     from aisrl.branch import _out

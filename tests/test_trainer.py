@@ -649,18 +649,20 @@ def test_a_pinned_alpha_runs_ais_as_the_chosen_point_between_none_and_tis(tmp_pa
 
 def test_task_options_and_dataset_reach_the_task():
     pytest.importorskip("reasoning_gym")
-    from aisrl.trainer import _file_or_named_task
+    from aisrl.trainer import task_of
 
     args = ["model.name=smollm2", "task=reasoning_gym", "dataset=chain_sum", "task_options={'max_terms': 2}"]
-    task = _file_or_named_task(load_config("lab", args))
+    task = task_of(load_config("lab", args))
     assert (task.generator, task.options) == ("chain_sum", {"max_terms": 2})
-    task = _file_or_named_task(load_config("lab", ["model.name=smollm2", "task_options={'max_operand': 7}"]))
+    task = task_of(load_config("lab", ["model.name=smollm2", "task_options={'max_operand': 7}"]))
     assert task.max_operand == 7
+    task = task_of(load_config("lab", ["lab.task=sudoku4", "lab.sudoku_holes=3", "task=countdown"]))
+    assert (task.name, task.holes) == ("sudoku4", 3)  # the lab model trains on the lab's own task
 
 
 def test_a_dataset_smaller_than_the_sets_asked_for_is_said_not_silently_shortened(tmp_path):
     from aisrl.tasks import _split_of
-    from aisrl.trainer import _file_or_named_task, problem_sets
+    from aisrl.trainer import task_of, problem_sets
 
     path = tmp_path / "small.jsonl"
     questions = [f"What is {i} + {i}?" for i in range(40)]
@@ -670,7 +672,7 @@ def test_a_dataset_smaller_than_the_sets_asked_for_is_said_not_silently_shortene
     args = ["model.name=smollm2", "task=jsonl", f"dataset={path}", "train_problems=500", f"eval_problems={n_test}"]
     cfg = load_config("lab", args)
     with pytest.warns(UserWarning) as caught:
-        pool, held = problem_sets(cfg, _file_or_named_task(cfg))
+        pool, held = problem_sets(cfg, task_of(cfg))
     (said,) = [str(w.message) for w in caught]  # the held-out set is whole: only the training pool is said
     assert (len(pool), len(held)) == (40 - n_test, n_test)
     assert f"gives {40 - n_test} training problems where train_problems=500" in said
