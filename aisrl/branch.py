@@ -121,7 +121,7 @@ def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
     for salt in cfg.salts:
         args = [base, *cfg.train, f"sample_salt={salt}", f"output_dir={_out(cfg) / f'salt{salt}'}"]
         tc = load_config(args[0], args[1:])
-        validate(tc)
+        validate(tc, output="out")
         if tc.max_steps <= cfg.step:
             raise ValueError(f"max_steps={tc.max_steps} leaves nothing to train after step {cfg.step}; "
                              "raise it with max_steps=...")  # fmt: skip

@@ -165,7 +165,7 @@ def _eval(args) -> int:
     from aisrl.trainer import build_trained, evaluate, make_policy, problem_sets
 
     cfg = _run_config(args)
-    validate(cfg)  # an override (eval_problems=0, seed=-1) is named as in training
+    validate(cfg, output=None)  # an override (eval_problems=0, seed=-1) is named as in training; nothing written
     ckpt = latest_checkpoint(cfg.output_dir)
     if ckpt is None:
         raise ValueError(f"no checkpoint in {cfg.output_dir!r}; train first or pass output_dir=...")

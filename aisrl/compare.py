@@ -270,7 +270,7 @@ def _check_runs(runs: list[Run], cfg: CompareConfig, to_train: list[Run]) -> Non
         tc = load_config(cfg.preset, run.overrides(cfg))
         if run in to_train:
             try:
-                validate(tc)
+                validate(tc, output="out")
             except ValueError as e:
                 raise ValueError(f"{run.group} cannot train with these settings: {e}") from e
         path = run.path(cfg.out) / "config.json"

@@ -329,9 +329,27 @@ def rollout_format(cfg: TrainConfig):
     return None if cfg.rollout.quant == "none" else quant_config(cfg.rollout.quant, keep=tuple(cfg.rollout.keep))
 
 
-def validate(cfg: TrainConfig) -> None:
+def _check_output_dir(path: str, output: str) -> None:
+    """That a run can write to `path`, or an error saying which `output` option to change."""
+    if not path.strip():
+        raise ValueError(f"output_dir is empty; name the directory the run writes to, e.g. {output}=runs/x")
+    long = [part for part in Path(path).parts if len(part.encode()) > 255]
+    if long:
+        raise ValueError(f"output_dir={path}: a name in it is {len(long[0].encode())} bytes, past the 255 a file "
+                         f"system takes ({long[0][:40]}...); choose a shorter {output}")  # fmt: skip
+    blocked = [p for p in (Path(path), *Path(path).parents) if p.exists() and not p.is_dir()]
+    if blocked:
+        raise ValueError(f"output_dir={path}: {blocked[-1]} is a file, not a directory; choose another {output}")
+    nearest = next(p for p in (Path(path).absolute(), *Path(path).absolute().parents) if p.exists())
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise ValueError(f"output_dir={path} cannot be created or written: {nearest} is not writable; choose "
+                         f"another {output}")  # fmt: skip
+
+
+def validate(cfg: TrainConfig, output: str | None = "output_dir") -> None:
     """Raise ValueError, naming the key and the valid choices, on settings that cannot train; before any model
-    is built."""
+    is built. `output`: the option that chooses output_dir, named in its errors (`out` for a study command, which
+    sets output_dir per run); None where nothing is written (scoring a run), which skips those checks."""
     if cfg.correction.name not in CORRECTIONS:
         raise ValueError(f"unknown correction {cfg.correction.name!r}; choose from {sorted(CORRECTIONS)}")
     if cfg.correction.calibrate_every < 0:
@@ -466,20 +484,8 @@ def validate(cfg: TrainConfig) -> None:
                           ("grad_clip", cfg.grad_clip >= 0, ">= 0 (0 = off)")):  # fmt: skip
         if not ok:
             raise ValueError(f"config key {key!r} must be {what}, got {getattr(cfg, key)}")
-    if not cfg.output_dir.strip():
-        raise ValueError("output_dir is empty; name the directory the run writes to, e.g. output_dir=runs/x")
-    long = [part for part in Path(cfg.output_dir).parts if len(part.encode()) > 255]
-    if long:
-        raise ValueError(f"output_dir={cfg.output_dir}: a name in it is {len(long[0].encode())} bytes, past the 255 a "
-                         f"file system takes ({long[0][:40]}...); choose a shorter output_dir")  # fmt: skip
-    blocked = [p for p in (Path(cfg.output_dir), *Path(cfg.output_dir).parents) if p.exists() and not p.is_dir()]
-    if blocked:
-        raise ValueError(f"output_dir={cfg.output_dir}: {blocked[-1]} is a file, not a directory; choose another "
-                         "output_dir")  # fmt: skip
-    nearest = next(p for p in (Path(cfg.output_dir).absolute(), *Path(cfg.output_dir).absolute().parents) if p.exists())
-    if not os.access(nearest, os.W_OK | os.X_OK):
-        raise ValueError(f"output_dir={cfg.output_dir} cannot be created or written: {nearest} is not writable; choose "
-                         "another output_dir")  # fmt: skip
+    if output is not None:
+        _check_output_dir(cfg.output_dir, output)
     if cfg.model.name == "lab":
         check_lab(cfg.lab)
     if cfg.lora.r < 0 or not 0 <= cfg.lora.dropout < 1:

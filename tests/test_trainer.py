@@ -254,6 +254,11 @@ def test_a_run_that_fails_to_start_leaves_no_directory(tmp_path, capsys, monkeyp
     monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != locked and real_access(p, mode))
     assert main(["train", "lab", *TINY, f"output_dir={locked / 'a' / 'run'}"]) == 2
     assert f"{locked} is not writable; choose another output_dir" in capsys.readouterr().err
+    # scoring writes nothing, so a read-only run is scored; a study command names its own option, out=
+    cfg = load_config("lab", [*TINY, f"output_dir={locked}"])
+    validate(cfg, output=None)
+    with pytest.raises(ValueError, match="is not writable; choose another out$"):
+        validate(cfg, output="out")
 
 
 def test_rollout_keep_leaves_those_layers_of_the_rollout_copy_in_full_precision(tmp_path, capsys):
