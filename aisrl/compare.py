@@ -211,6 +211,12 @@ def plan(cfg: CompareConfig) -> list[Run]:
     for m in cfg.methods:
         if m not in CORRECTIONS and m not in RECIPES:
             raise ValueError(f"unknown method {m!r}; choose from {sorted(CORRECTIONS) + sorted(RECIPES)}")
+        recipe = {r.split("=", 1)[0]: r for r in RECIPES.get(m, [])}
+        clash = [item for item in cfg.train if item.split("=", 1)[0].strip() in recipe]
+        if clash:  # the recipe comes after the study's keys: a user's value would be overridden without a word
+            sets = [recipe[c.split("=", 1)[0].strip()] for c in clash]
+            raise ValueError(f"method {m!r} sets {sets} in each of its runs, which {clash} would not change there; "
+                             f"drop {clash}, or leave {m!r} out")  # fmt: skip
     for f in cfg.formats:
         quant_config(f)  # raises with the list of presets
     if not cfg.seeds or not ((cfg.methods and cfg.formats) or cfg.reference):

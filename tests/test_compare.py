@@ -402,6 +402,18 @@ def test_aggregate_only_with_jobs_zero_runs_nothing(tmp_path, monkeypatch):
     assert not (tmp_path / "typo").exists() and (tmp_path / "BENCHMARKS.md").read_text() == "kept"
     with pytest.raises(ValueError, match="out is empty"):
         plan(CompareConfig(out=" "))
+    # a training key a method's recipe sets in its runs was overridden there silently (a `tis` row, next to a
+    # `calibrated` one, trained with the user's calibrate_every while the calibrated one took the recipe's 1)
+    clash = CompareConfig(methods=["tis", "calibrated", "solrl"],
+                          train=["rollout.pool=32", "correction.calibrate_every=4"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"method 'calibrated' sets \['correction.calibrate_every=1'\] in each of "
+                                         r"its runs, which \['correction.calibrate_every=4'\] would not change"):
+        plan(clash)
+    clash.methods = ["tis", "solrl"]
+    with pytest.raises(ValueError, match=r"method 'solrl' sets \['rollout.pool=16'\]"):
+        plan(clash)
+    clash.train = ["correction.calibrate_every=4"]
+    assert {r.method for r in plan(clash)} == {"tis", "solrl", "none"}  # a key no recipe chosen sets
 
 
 def test_a_study_re_run_with_other_overrides_is_refused(tmp_path):
