@@ -88,9 +88,9 @@ def recorded_base(run: Path, preset: str = "") -> str:
         load_config(str(recorded), [])
     except ValueError as e:
         if not preset:
-            raise ValueError(f"{recorded} was written by another version of aisrl and no longer loads ({e}); pass "
-                             "preset=NAME and the overrides the run was trained with (its config.json shows them) "
-                             "to branch from it") from e  # fmt: skip
+            raise ValueError(f"{recorded} does not load ({e}): written by another version of aisrl, or damaged; "
+                             "pass preset=NAME and the overrides the run was trained with (its config.json shows "
+                             "them, if it is readable) to branch from it") from e  # fmt: skip
         return preset
     if preset:
         raise ValueError(f"{run} records its config; drop preset={preset!r} (a branch starts from the recorded "
@@ -101,7 +101,7 @@ def recorded_base(run: Path, preset: str = "") -> str:
 def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
     """(salt, TrainConfig, `aisrl train` arguments) of every branch; checks the run, the step and the settings
     before anything runs."""
-    from aisrl.train_config import load_config, validate
+    from aisrl.train_config import MAX_SALT, load_config, validate
 
     run = Path(cfg.run)
     if not cfg.run or not run.is_dir():
@@ -113,6 +113,8 @@ def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
         raise ValueError(f"fall must be an accuracy drop in (0, 1] (0.08 = 8 points), got {cfg.fall}")
     if not cfg.salts or len(set(cfg.salts)) != len(cfg.salts):
         raise ValueError(f"salts must be distinct and at least one, got {cfg.salts}")
+    if not all(0 <= s < MAX_SALT for s in cfg.salts):  # each is a branch's sample_salt
+        raise ValueError(f"salts must each be in [0, {MAX_SALT}), got {cfg.salts}")
     for key in ("sample_salt", "output_dir"):
         if any(o.split("=", 1)[0] == key for o in cfg.train):
             raise ValueError(f"{key} is set per branch; use salts=[...] and out=... instead of {key}=...")

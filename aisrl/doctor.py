@@ -152,7 +152,7 @@ def _run_checkpoint(cfg: DoctorConfig) -> tuple[str, Path]:
 
         try:
             load_config(str(Path(run) / "config.json"))
-        except ValueError:  # written by another version of aisrl: the preset stands in for it
+        except ValueError:  # written by another version of aisrl (or damaged): the preset stands in for it
             pass
         else:
             raise ValueError(f"{run} records its settings (config.json); drop preset={cfg.preset!r}, the run's are "
@@ -176,6 +176,8 @@ def check(cfg: DoctorConfig) -> tuple[str, Path] | None:
     for key in ("prompts", "max_new_tokens"):
         if getattr(cfg, key) < 1:
             raise ValueError(f"{key} must be >= 1, got {getattr(cfg, key)}")
+    if not 0 <= cfg.seed < 1_000_000_000:  # as training's: the prompts' sampling seeds stay within int64
+        raise ValueError(f"seed must be in [0, 1000000000), got {cfg.seed}")
     for name in cfg.formats:
         quant_config(name, keep=tuple(cfg.keep))  # fail fast on an unknown preset or bad keep, before loading anything
     if cfg.preset or cfg.start:  # these come from the preset or run; a value given for them would be ignored

@@ -111,6 +111,8 @@ def check_lab(cfg: LabConfig) -> None:
     for key, low in (("max_operand", 1), ("hidden", 1), ("layers", 1), ("sft_examples", 1), ("sft_steps", 0)):
         if getattr(cfg, key) < low:
             raise ValueError(f"lab.{key} must be >= {low}, got {getattr(cfg, key)}")
+    if not cfg.lr > 0:
+        raise ValueError(f"lab.lr is the warm start's SFT learning rate, > 0; got {cfg.lr}")
     if cfg.hidden % 8:  # 4 attention heads, each with an even number of rotary dimensions
         raise ValueError(f"lab.hidden must be a multiple of 8 (4 attention heads of even width), got {cfg.hidden}")
     if not 0 <= cfg.sudoku_holes <= 16:

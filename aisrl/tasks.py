@@ -103,13 +103,17 @@ class Task:
         rng, out, seen = random.Random(seed), [], set()
         if n <= 0:
             return out
-        for _ in range(200 * n + 1000):
+        last_new = 0
+        for i in range(200 * n + 1000):
+            if i - last_new > 100 * len(out) + 10_000:  # so long without a new problem: the task has no more (a
+                break  # collector of k problems waits about 2k draws for the last; n = 1e5 took a minute to say so)
             p = self.generate(rng)
             key = self.distinct_key(p)
             if key in seen or _split_of(self.split_key(p)) != split:
                 continue
             seen.add(key)
             out.append(p)
+            last_new = i
             if len(out) == n:
                 return out
         raise ValueError(f"task {self.name!r} could not produce {n} distinct {split} problems (it has about "

@@ -329,6 +329,10 @@ def rollout_format(cfg: TrainConfig):
     return None if cfg.rollout.quant == "none" else quant_config(cfg.rollout.quant, keep=tuple(cfg.rollout.keep))
 
 
+MAX_SALT = 1_000_000
+"""sample_salt stays below this: larger salts would overflow the engine's int64 seeds."""
+
+
 def _check_output_dir(path: str, output: str) -> None:
     """That a run can write to `path`, or an error saying which `output` option to change."""
     if not path.strip():
@@ -372,7 +376,10 @@ def validate(cfg: TrainConfig, output: str | None = "output_dir") -> None:
     own = sorted(set(cfg.correction.options) & {"cap", "ema", "prev_alpha", "alpha", "veto"})
     if own:
         raise ValueError(f"correction.options sets {own}: set them with their own keys (correction.cap=..., ...)")
-    if cfg.correction.ema and not cfg.correction.calibrate_every and cfg.correction.name != "ais":
+    if cfg.correction.ema and calibrating:  # each candidate would be handed it, and only ais takes it
+        raise ValueError("correction.ema smooths AIS's alpha across steps, and correction.calibrate_every chooses "
+                         "a correction each step instead: set correction.ema=0 while calibrating")  # fmt: skip
+    if cfg.correction.ema and cfg.correction.name != "ais":
         raise ValueError(f"correction.ema smooths AIS's alpha across steps: it needs correction.name=ais; set "
                          f"correction.ema=0 for {cfg.correction.name!r}")  # fmt: skip
     for name in cfg.correction.candidates if calibrating else [cfg.correction.name]:
@@ -390,8 +397,8 @@ def validate(cfg: TrainConfig, output: str | None = "output_dir") -> None:
                          f"got {cfg.correction.guard}")  # fmt: skip
     if not 0 <= cfg.seed < 1_000_000_000:  # with the salt, the step's sampling seeds stay within int64
         raise ValueError(f"seed must be in [0, 1000000000), got {cfg.seed}")
-    if not 0 <= cfg.sample_salt < 1_000_000:  # larger salts would overflow the engine's int64 seeds
-        raise ValueError(f"sample_salt must be in [0, 1000000), got {cfg.sample_salt}")
+    if not 0 <= cfg.sample_salt < MAX_SALT:
+        raise ValueError(f"sample_salt must be in [0, {MAX_SALT}), got {cfg.sample_salt}")
     if cfg.agg not in AGGREGATIONS:
         raise ValueError(f"unknown agg {cfg.agg!r}; choose from {list(AGGREGATIONS)}")
     if cfg.loss not in LOSSES:

@@ -224,6 +224,7 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
     out = Path(cfg.output_dir)  # created once everything is built: a run that fails to start leaves no directory
     defaults = dataclasses.asdict(TrainConfig())  # a field the record predates must be at its default
     record_config(out, dataclasses.asdict(cfg), write=False, defaults=defaults)  # a resume is the same experiment
+    pool, held = problem_sets(cfg, task_of(cfg))  # before the model: too few problems is said without a warm start
     if world > 1 and cfg.model.name == "lab":  # rank 0 builds the cached lab model, the others then load it
         if rank == 0:
             build(cfg)
@@ -231,7 +232,6 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
     model, tok, task, encode = build(cfg)
     torch.manual_seed(cfg.seed)  # after build: the same state whether or not the lab model came from the cache
     model.to(device).train()
-    pool, held = problem_sets(cfg, task)
     rollout, sync = _rollout_model(cfg, model, device, pool + held, encode)
     kv_fp8 = getattr(getattr(rollout, "quant_config", None), "kv_cache", False)
     if cfg.rollout.align:  # QaRL: the trainer computes in the rollout format, gradients reach FP32 weights

@@ -102,7 +102,8 @@ def test_bad_branches_are_refused_before_training(run, tmp_path, capsys):
     assert "unknown correction 'nope'" in err(train=["correction.name=nope"])
     recorded = json.loads((run / "config.json").read_text())
     (run / "config.json").write_text(json.dumps({**recorded, "lab": {**recorded["lab"], "sft_max_steps": 3000}}))
-    assert "no longer loads (" in err() and "sft_max_steps" in err()  # a key an older aisrl recorded
+    assert "does not load (" in err() and "sft_max_steps" in err()  # a key an older aisrl recorded
+    assert "salts must each be in [0, 1000000), got [1, 1000000]" in err(salts=[1, 1_000_000])  # was: sample_salt
     assert branch_configs(BranchConfig(run=str(run), step=2, preset="lab", train=TINY))[0][2][0] == "lab"
     (run / "config.json").unlink()  # a run from before configs were recorded
     assert "pass preset=NAME" in err()

@@ -48,6 +48,7 @@ def test_unknown_format_fails_before_loading(capsys, tmp_path):
     for args, message in ((["--formats", ","], "formats is empty"), (["--formats", ""], "formats is empty"),
                           (["prompts=0"], "prompts must be >= 1, got 0"),
                           (["max_new_tokens=0"], "max_new_tokens must be >= 1, got 0"),
+                          (["seed=-1"], "seed must be in [0, 1000000000), got -1"),  # training refuses it too
                           (["--out", "pyproject.toml/x"], "--out pyproject.toml/x cannot be created")):  # fmt: skip
         assert main(["mismatch", "--model", "tiny-llama", *args]) == 2
         assert message in capsys.readouterr().err
@@ -191,7 +192,7 @@ def test_start_examines_a_runs_checkpoint_with_the_runs_settings(tmp_path, monke
     recorded = (run / "config.json").read_text()
     (run / "config.json").write_text(json.dumps({**json.loads(recorded), "old_removed_key": 1}))
     assert _run_checkpoint(DoctorConfig(start=f"{run}:2", preset="lab"))[0] == "lab"
-    with pytest.raises(ValueError, match="no longer loads .* takes no training keys: .* pass --preset FILE"):
+    with pytest.raises(ValueError, match="does not load .* takes no training keys: .* pass --preset FILE"):
         _run_checkpoint(DoctorConfig(start=f"{run}:2"))
     (run / "config.json").write_text(recorded)
     (run / "config.json").unlink()  # a run from before runs recorded their settings: the way to give them here

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from aisrl.tasks import Arithmetic, Countdown, JsonlMath, Problem, Sudoku4, extract_answer, make_task
+from aisrl.tasks import Arithmetic, Countdown, JsonlMath, Problem, Sudoku4, _split_of, extract_answer, make_task
 
 
 def wrap(answer, reasoning="work"):
@@ -186,6 +186,16 @@ def test_task_options_are_checked_against_the_task():
     with pytest.raises(ValueError, match=r"could not produce 50 distinct train problems \(it has about [0-4] under "
                                          r"these options\): ask for fewer .*lab.sft_examples"):  # fmt: skip
         tiny.problems("train", 50)
+    # it gives up once a long run of draws finds nothing new, not after 200 draws per problem asked for (a training
+    # pool of 100000 drew 20 million problems, a minute, before saying so); a pool the task can fill is unchanged
+    draws, real = [], tiny.generate
+    tiny.generate = lambda rng: draws.append(1) or real(rng)
+    with pytest.raises(ValueError, match=r"could not produce 100000 distinct train problems"):
+        tiny.problems("train", 100_000)
+    assert len(draws) < 20_000  # 10_000 plus 100 per problem found, after the last new one
+    full = make_task("arithmetic", max_operand=4, ops="+")  # 25 problems over both splits: the whole pool is found
+    train = {f"{a}+{b}" for a in range(5) for b in range(5) if _split_of(f"{a}+{b}") == "train"}  # counted by hand
+    assert {p.question for p in full.problems("train", len(train))} == train
     with pytest.raises(ValueError, match=r"task 'arithmetic' got options \['bogus'\]; it accepts \['max_operand'"):
         make_task("arithmetic", bogus=1)
     with pytest.raises(ValueError, match=r"task 'jsonl' got options \[\]; it accepts \['path'\]"):

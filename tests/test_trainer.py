@@ -194,6 +194,9 @@ save_checkpoint({str(tmp_path)!r}, 2, m, torch.optim.AdamW(m.parameters()), {{}}
         (["lora.r=4", "lora.alpha=0"], "lora.alpha must be > 0 with lora.r > 0"),  # before: trained nothing
         (["lora.r=4", "lora.targets=[]"], "lora.targets is empty: name the layers"),  # before: peft's own error
         (["correction.name=tis", "correction.ema=0.5"], "correction.ema smooths AIS's alpha across steps: it needs"),
+        (["correction.ema=0.5", "correction.calibrate_every=1"], "set correction.ema=0 while calibrating"),  # before:
+        # "correction 'tis' got unknown option(s) ['ema', 'prev_alpha']", an internal name
+        (["lab.lr=-1"], "lab.lr is the warm start's SFT learning rate, > 0; got -1.0"),  # before: torch's, no key
         (["loss=tbpo", "agg=seq-mean-token-sum"], "tbpo always averages over sequences"),
         (["correction.bypass=true", "correction.guard=4"], "the k3 KL the guard watches is 0 at every step"),
         (["rollout.engine=static", "correction.calibrate_every=1"], "calibrate with rollout.engine=hf, or set"),
@@ -259,6 +262,19 @@ def test_a_run_that_fails_to_start_leaves_no_directory(tmp_path, capsys, monkeyp
     validate(cfg, output=None)
     with pytest.raises(ValueError, match="is not writable; choose another out$"):
         validate(cfg, output="out")
+
+
+def test_too_few_problems_are_said_before_the_model_is_built(tmp_path, monkeypatch):
+    """The problem sets depend on the task alone: a pool the task cannot fill was found only after the model (a lab's
+    warm start, minutes without a cache) had been built."""
+
+    def build(cfg):
+        raise AssertionError("the model was built first")
+
+    monkeypatch.setattr("aisrl.trainer.build", build)
+    with pytest.raises(ValueError, match="could not produce 5000 distinct train problems"):
+        train(load_config("lab", [*TINY, "train_problems=5000", f"output_dir={tmp_path / 'run'}"]), log=print)
+    assert not (tmp_path / "run").exists()
 
 
 def test_rollout_keep_leaves_those_layers_of_the_rollout_copy_in_full_precision(tmp_path, capsys):
@@ -667,7 +683,7 @@ def test_task_options_and_dataset_reach_the_task():
 
 def test_a_dataset_smaller_than_the_sets_asked_for_is_said_not_silently_shortened(tmp_path):
     from aisrl.tasks import _split_of
-    from aisrl.trainer import task_of, problem_sets
+    from aisrl.trainer import problem_sets, task_of
 
     path = tmp_path / "small.jsonl"
     questions = [f"What is {i} + {i}?" for i in range(40)]
