@@ -477,7 +477,7 @@ def summarize_run(rows: list[dict], collapse_fraction: float, fall: float = 0.08
     Per-step series hold one entry per step from 1: a step whose row is missing (a damaged line a user removed, as
     read_jsonl advises) is a None there, so later steps keep their places."""
     times = {k: statistics.fmean([r.get(k, 0.0) for r in rows]) if rows else 0.0 for k in TIMES}
-    total = sum(times.values()) or 1.0
+    total = sum(times.values())  # 0: no phase timed (rows without timings), no time per step to report
     rows = per_step(rows)
     out = {
         "steps": len(rows),
@@ -485,8 +485,8 @@ def summarize_run(rows: list[dict], collapse_fraction: float, fall: float = 0.08
         **_accuracies(rows, "fit"),
         "reward": [r.get("reward") for r in rows],
         "eval_curve": [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r],
-        "seconds_per_step": total,
-        "time_share": {k: v / total for k, v in times.items()},
+        "seconds_per_step": total or None,
+        "time_share": {k: v / total if total else None for k, v in times.items()},
     }
     accuracy = _finite([r.get("accuracy") for r in rows])  # share of correct samples
     smooth = _smooth(accuracy, 10)
@@ -524,10 +524,11 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int, done: dict | 
     `done` maps runs to their finished_rows where the caller read them already; `unscored` holds runs whose final
     model this invocation failed to score, whose cached scores (of another setting, say) are left out."""
     from aisrl.bench.report import machine
-    from aisrl.checkpoint import run_start
+    from aisrl.checkpoint import read_record, run_start
     from aisrl.final_eval import cached_scores
 
     groups: dict[str, dict] = {}
+    trained_on: list[dict] = []  # the machines the finished runs started on (start.json), each once
     for run in runs:
         g = groups.setdefault(run.group, {"format": run.fmt, "method": run.method, "reference": run.reference,
                                           "runs": {}, "missing": []})  # fmt: skip
@@ -537,6 +538,10 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int, done: dict | 
             kept = [r for r in rows if r["step"] <= max_steps]  # by step: a run may go on past the study's length
             g["runs"][str(run.seed)] = summarize_run(kept, cfg.collapse_fraction, cfg.fall)
             g["runs"][str(run.seed)]["start"] = run_start(run.path(cfg.out))
+            start = run.path(cfg.out) / "start.json"
+            where = read_record(start).get("machine") if start.is_file() else None
+            if where and where not in trained_on:
+                trained_on.append(where)
             if cfg.final_samples > 0 and run not in unscored:  # only scores of this checkpoint and these settings
                 g["runs"][str(run.seed)].update(cached_scores(run.path(cfg.out), cfg.final_samples, max_steps) or {})
         else:
@@ -560,14 +565,19 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int, done: dict | 
     ref = groups.get(REFERENCE, {}).get("runs", {})
     mixed = mixed_starts(groups)
     for g in groups.values():  # paired by seed: same prompts, sampling seeds and starting weights as the reference
-        seeds = [s for s in g["runs"] if s in ref and int(s) not in mixed]
+        # a pair counts where both sides have the number (a final score may be NaN: nothing scorable)
+        seeds = [s for s in g["runs"] if s in ref and int(s) not in mixed
+                 and len(_finite([_last_fifth(g["runs"][s]), _last_fifth(ref[s])])) == 2]  # fmt: skip
         g["paired_seeds"] = sorted(int(s) for s in seeds)
         g["reward_vs_reference"] = _mean_std([_last_fifth(g["runs"][s]) - _last_fifth(ref[s]) for s in seeds])
-        both = [s for s in seeds if "policy_reward" in g["runs"][s] and "policy_reward" in ref[s]]
+        scores = {s: [g["runs"][s].get("policy_reward"), ref[s].get("policy_reward")] for s in seeds}
+        both = [s for s in seeds if len(_finite(scores[s])) == 2]
         g["policy_paired_seeds"] = sorted(int(s) for s in both)
         g["policy_vs_reference"] = _mean_std([g["runs"][s]["policy_reward"] - ref[s]["policy_reward"] for s in both])
-    return {"config": asdict(cfg), "max_steps": max_steps, "machine": machine(), "groups": groups,
-            "mixed_starts": mixed}  # fmt: skip
+    # `machine`: where the runs trained (their timings' machine) if one is recorded, else this one
+    here = machine()
+    return {"config": asdict(cfg), "max_steps": max_steps, "machine": trained_on[0] if trained_on else here,
+            "trained_on": trained_on, "aggregated_on": here, "groups": groups, "mixed_starts": mixed}  # fmt: skip
 
 
 def mixed_starts(groups: dict[str, dict]) -> list[int]:

@@ -54,8 +54,8 @@ def table(result: dict) -> str:
             f"| {_pm(g['fit_start'])} | {_pm(g['fit_final'])} | {_pm(g['reward_last_fifth'], 1, 3)} "
             f"| {_pm(g.get('reward_vs_reference', (None, None)), 1, 3)}{_pairs(g, n)} "
             f"| {_arrow(g, 'alpha')} | {_arrow(g, 'k3_kl', 2)} "
-            f"| {_arrow(g, 'ess')} | {g['time_share']['time_rollout'] * 100:.0f}% "
-            f"| {g['seconds_per_step'][0]:.2f} |"
+            f"| {_arrow(g, 'ess')} | {_pm((g['time_share']['time_rollout'], None), digits=0)}% "
+            f"| {_pm((g['seconds_per_step'][0], None), 1, 2)} |"
         )
     missing = [f"{_rollout(g)} {g['method']}: {g['missing']}" for g in result["groups"].values() if g["missing"]]
     if missing:
@@ -70,7 +70,7 @@ def _pairs(g: dict, n: int, of: str = "reward") -> str:
     """How many seeds the paired difference of `of` (reward: training reward; policy: the final model's) rests on,
     where fewer than the `n` runs its row counts."""
     k = len(g.get("paired_seeds" if of == "reward" else f"{of}_paired_seeds", []))
-    paired = not g["reference"] and g.get(f"{of}_vs_reference", (None,))[0] is not None
+    paired = not _is_reference(g) and g.get(f"{of}_vs_reference", (None,))[0] is not None
     return f" ({k} pairs)" if paired and k != n else ""
 
 
@@ -84,7 +84,7 @@ def final_table(result: dict) -> str:
     for g in result["groups"].values():
         if g.get("policy_reward", (None,))[0] is None:
             continue
-        scored = sum("policy_reward" in r for r in g["runs"].values())  # runs without scores are not counted
+        scored = len(_finite([r.get("policy_reward") for r in g["runs"].values()]))  # runs with a score
         delta = _pm(g["policy_vs_reference"], 1, 3) + _pairs(g, scored, "policy")
         lines.append(f"| {_rollout(g)} | {g['method']} | {scored} "
                      f"| {_pm(g['policy_reward'], 1, 3)} | {delta} "
@@ -120,7 +120,7 @@ def plot(result: dict, path: Path) -> None:
             row[1].plot(xs, ys, "o-", ms=3, color=line.get_color(), label=label)
             if _finite(a := _alpha_curve(rs, len(steps))):
                 row[2].plot(steps, a, color=line.get_color(), label=f"{label}: alpha")
-            kl = [statistics.fmean(_finite([r["k3_kl"][i - 1] for r in rs]) or [0.0]) for i in steps]
+            kl = _kl_curve(rs, len(steps))
             if any(k > 0 for k in kl):  # not the full-precision reference's exact zeros (a log scale)
                 row[3].plot(steps, _smooth(kl, 5), color=line.get_color(), label=label)
         titles = (f"{fmt}: training reward (10-step mean; band: min-max over seeds)", "held-out greedy accuracy",
@@ -151,6 +151,12 @@ def _alpha_curve(rs: list[dict], n: int) -> list[float]:
     return [statistics.fmean(_finite([r["alpha"][i] for r in rs]) or [math.nan]) for i in range(n)]
 
 
+def _kl_curve(rs: list[dict], n: int) -> list[float]:
+    """Per step, the mean k3 KL of the seeds that measured one there; NaN, a gap in the line, where none did (a step
+    that scored no token logs none: drawn as 0 it pulled the 5-step mean down)."""
+    return [statistics.fmean(_finite([r["k3_kl"][i] for r in rs]) or [math.nan]) for i in range(n)]
+
+
 def publish(cfg: CompareConfig, result: dict, root: str | Path = ".") -> None:
     """benchmarks/results/<name>.{json,png} and the `<name>` section of BENCHMARKS.md: `cfg.section` if set, else
     `compare` for the lab preset and `compare_<preset>` for any other (so studies of different presets keep their
@@ -169,7 +175,10 @@ def publish(cfg: CompareConfig, result: dict, root: str | Path = ".") -> None:
     argv = [a for a in sys.argv[1:] if not a.startswith(("jobs=", "publish=", "only="))]  # the study, not how it ran
     args = " ".join(shlex.quote(a) for a in argv) if argv[:1] == ["compare"] else ""
     command = f"aisrl {args}" if args else f"aisrl compare {cfg.preset} (see benchmarks/results/{name}.json)"
-    body = (f"Command: `{command}`  \nMachine: {machine_line(result['machine'])}; "
+    where = result.get("trained_on")  # several: a study grown on more than one machine
+    said = (f"Machine{'s' if len(where) > 1 else ''} the runs trained on: {'; '.join(map(machine_line, where))}"
+            if where else f"Machine: {machine_line(result['machine'])}")  # a result from before start.json
+    body = (f"Command: `{command}`  \n{said}; "
             f"{result['max_steps']} steps per run. Cells are mean ± standard "
             f"deviation over seeds; a collapse is a run whose last-fifth training accuracy is below "
             f"{cfg.collapse_fraction:g} of its best 10-step mean; a fall, a run whose final held-out greedy "

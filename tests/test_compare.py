@@ -284,6 +284,49 @@ def test_a_study_trained_elsewhere_aggregates_here_and_scores_only_the_studys_fi
         run_study(cfg, log=logs.append)
 
 
+def test_the_published_machine_is_where_the_runs_trained_and_counts_rest_on_finite_values(tmp_path):
+    """A study trained on a GPU and aggregated on a CPU named the CPU beside GPU timings; a NaN final score, or
+    steps without timings or k3, were counted or drawn as numbers."""
+    from aisrl.compare_report import _kl_curve
+
+    cfg = CompareConfig(methods=["tis"], formats=["int4"], seeds=[0, 1, 2], out=str(tmp_path / "s"))
+    gpu = {"cuda": "NVIDIA H100 80GB HBM3", "cpu": "Xeon 8480+", "processor": "x86_64", "cpus": 208, "torch": "2.5"}
+    cpu = {"cuda": None, "cpu": "EPYC 9654", "processor": "x86_64", "cpus": 2, "torch": "2.13"}
+    for run in plan(cfg):
+        rows = _fake_rows([0.5] * 5, {5: 0.4}, 0.3, [0.05] * 5)
+        if run.seed == 2:  # steps 2-4 scored no token (no k3), and nothing was timed
+            rows = [{k: v for k, v in r.items() if not k.startswith("time_") and (k != "k3_kl" or r["step"] in (1, 5))}
+                    for r in rows]  # fmt: skip
+        _write_run(run.path(cfg.out), rows)
+        (run.path(cfg.out) / "checkpoints/step_000005").mkdir()
+        (run.path(cfg.out) / "checkpoints/step_000005/state.pt").write_bytes(b"")
+        where = gpu if run.seed < 2 else cpu
+        (run.path(cfg.out) / "start.json").write_text(json.dumps({"weights": "w", "machine": where}))
+        _cache(run.path(cfg.out), "step_000005", {"policy_reward": math.nan if run.seed == 1 else 0.5,
+                                                 "sampler_reward": 0.4, "held_reward": 0.3, "held_accuracy": 0.2},
+               samples=4)  # fmt: skip
+    result = aggregate(cfg, plan(cfg), max_steps=5)
+    assert result["trained_on"] == [gpu, cpu] and result["machine"] == gpu and result["aggregated_on"]["cpus"]
+    (tmp_path / "BENCHMARKS.md").write_text("# Benchmarks\n")
+    publish(cfg, result, root=tmp_path)
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    said = "Machines the runs trained on: NVIDIA H100 80GB HBM3, Xeon 8480+, 208 CPUs, torch 2.5; EPYC 9654, 2 CPUs"
+    assert said in text
+    g = result["groups"]["int4/tis"]
+    assert g["runs"]["2"]["seconds_per_step"] is None and g["runs"]["2"]["time_share"]["time_rollout"] is None
+    assert g["seconds_per_step"][0] == pytest.approx(5.0)  # the timed seeds' mean (before: seed 2 counted as 1 s)
+    assert g["policy_paired_seeds"] == [0, 2] and g["paired_seeds"] == [0, 1, 2]  # seed 1's final score is NaN
+    assert "| int4 | tis | 2 | 0.500 ± 0.000 |" in final_table(result)  # two scores, not three runs
+    assert _kl_curve(list(g["runs"].values()), 5)[1:4] == pytest.approx([0.05] * 3)  # seed 2's gaps: not zeros
+    only = {"2": g["runs"]["2"]}
+    assert all(math.isnan(k) for k in _kl_curve(list(only.values()), 5)[1:4])  # no seed measured: a gap
+    assert "| int4 | tis |" in table(result)
+    # results written before the reference key: the tables as well as the figure
+    for name in ("compare", "compare_lab_columns"):
+        old = json.loads((Path(__file__).parent.parent / f"benchmarks/results/{name}.json").read_text())
+        assert "reference" not in next(iter(old["groups"].values())) and table(old) and final_table(old) is not None
+
+
 def test_the_published_command_is_the_whole_study(tmp_path, monkeypatch):
     cfg = CompareConfig(methods=["none"], formats=["int4"], seeds=[0], reference=False, out=str(tmp_path / "s"))
     _write_run(Run("int4", "none", 0).path(cfg.out), _fake_rows([0.2], {1: 0.3}, 0.25, [0.01]))
