@@ -122,9 +122,10 @@ def _settings(checkpoint: str, digest: str, cfg, samples: int, held_samples: int
     from aisrl.tasks import TASKS
 
     name = cfg.lab.task if cfg.model.name == "lab" else cfg.task  # the lab trains on its own task
-    version = getattr(TASKS.get(name), "problems_version", 1)  # the task's problems changed: scored again
-    if version != 1:
-        out["problems_version"] = version
+    for key in ("problems_version", "scorer_version"):  # the task's problems, or its judging, changed: scored again
+        version = getattr(TASKS.get(name), key, 1)
+        if version != 1:
+            out[key] = version
     return out
 
 

@@ -126,12 +126,16 @@ def save_model(model, path: str | Path, tokenizer=None) -> None:
 
 
 def prompt_ids(tok, text: str) -> list[int]:
-    """A prompt's ids: `text` as one user turn of the tokenizer's chat template, or plain text when it has none.
+    """A prompt's ids: `text` as one user turn of the tokenizer's chat template (its thinking mode off, where it has
+    one), or plain text when it has none.
     (apply_chat_template returns a list of ids or, in newer transformers, a BatchEncoding; a slow tokenizer's
     BatchEncoding cannot be indexed by position, so it is read by key.)"""
     if not getattr(tok, "chat_template", None):
         return list(tok(text).input_ids)
-    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    # enable_thinking=False: a template with a thinking mode (Qwen3) closes it in the prompt, so the completion is the
+    # answer format the tasks score, not a <think> block first (which scored 0); other templates ignore it
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                  enable_thinking=False)  # fmt: skip
     return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
 
 

@@ -73,7 +73,9 @@ class Task:
     lenient = False
     problems_version = 1
     """Raised when a task's problem sets change (its generator or its split), so that cached warm starts trained on
-    the old ones are not reused."""
+    the old ones are not reused, and cached final scores are redone."""
+    scorer_version = 1
+    """Raised when check() judges some answers otherwise, so that cached final scores are redone."""
 
     @classmethod
     def accepts(cls, **options) -> dict:
@@ -260,8 +262,17 @@ class Countdown(Task):
     def split_key(self, problem):  # "Use 3 5 7 to make 22" and "Use 5 3 7 to make 22" are one puzzle
         return f"{sorted(problem.meta['numbers'])} -> {problem.meta['target']}"
 
+    scorer_version = 2  # 2: `expr = target` and the signs x and / written as × and ÷ count
+
     def check(self, answer, problem):
-        res = _safe_eval(answer)
+        text = answer.replace("×", "*").replace("÷", "/")
+        sides = [x.strip() for x in text.split("=")]
+        if len(sides) == 2:  # `3*5+7 = 22` (or `22 = 3*5+7`): the expression, if the other side is the target
+            target = str(problem.meta["target"])
+            text = sides[0] if sides[1] == target else sides[1] if sides[0] == target else ""
+        elif len(sides) > 2:
+            return False
+        res = _safe_eval(text)
         if res is None:
             return False
         value, used = res

@@ -138,6 +138,9 @@ def test_fields_added_later_change_the_config_hash_only_away_from_their_default(
     # a task whose problems changed (sudoku4's version 2) enters the settings; version 1 leaves earlier scores valid
     assert "problems_version" not in _settings("step_000001", "w", load_config("lab"), 4, 8)
     assert _settings("step_000001", "w", load_config("diffusion_lab"), 4, 8)["problems_version"] == 2
+    # and one whose judging changed (countdown's version 2 takes `expr = target`): its cached scores are redone
+    assert "scorer_version" not in _settings("step_000001", "w", load_config("lab"), 4, 8)
+    assert _settings("step_000001", "w", load_config("lab", ["lab.task=countdown"]), 4, 8)["scorer_version"] == 2
 
 
 def test_a_nan_reward_leaves_the_mean_and_a_damaged_cache_is_scored_again(tmp_path, monkeypatch):

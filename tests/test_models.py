@@ -113,3 +113,8 @@ def test_prompt_ids_read_a_chat_template_of_any_tokenizer():
     fast = word_tokenizer(5)
     fast.chat_template = "{% for m in messages %}w1 {{ m['content'] }} w2{% endfor %}"
     assert prompt_ids(fast, "w3") == [4, 6, 5]
+    # a template with a thinking mode, as Qwen3's: closed in the prompt (before: the model opened a <think> block,
+    # which the answer format does not allow, so every completion scored 0); other templates are left as they were
+    fast.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %} w1"
+                          "{% if enable_thinking is defined and not enable_thinking %} w4 w4{% endif %}{% endif %}")
+    assert prompt_ids(fast, "w3") == [6, 4, 7, 7]

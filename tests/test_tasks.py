@@ -48,6 +48,10 @@ def test_countdown_rewards():
     assert t.check("7/(1/3)+1", Problem("", "", meta={"numbers": [7, 1, 3, 1], "target": 22}))  # 21 + 1, exactly
     negative = Problem("", "3-5", meta={"numbers": [3, 5, 8], "target": -2})  # a sign uses no number (as eval reads it)
     assert all(t.check(a, negative) for a in ("3-5", "-5+3", "-(5-3)")) and not t.check("-(5+3)", negative)
+    # what a pretrained model writes: the expression with its target, and the signs × and ÷
+    assert all(t.check(a, p) for a in ("3*5+7=22", "3*5 + 7 = 22", "22 = 7+3*5", "3 × 5 + 7", "(3×5)+7 = 22"))
+    assert t.check("7÷(1÷3)+1", Problem("", "", meta={"numbers": [7, 1, 3, 1], "target": 22}))
+    assert not any(t.check(a, p) for a in ("3*5+7=23", "3*5+7=22=22", "3*5=15", "= 22", "3*5+7 =", "22 = 22"))
 
 
 def test_sudoku_rewards():
