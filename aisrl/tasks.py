@@ -137,14 +137,18 @@ class Task:
 _NUMBER = r"(?<![\d.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
 """A number, its commas only as thousands separators (`1,000`; `7,1` is not the number 71), not begun inside
 another (`.5` is no 5)."""
-_WORDED_NUMBER = re.compile(rf"(?:[A-Za-z ,.:;'%$]*[ ,.:;'%$])?({_NUMBER})(?:[ ,.:;'%$][A-Za-z ,.:;'%$]*)?")
-"""One number among plain words and punctuation: `18 dollars`, `It is 18.`, `$1,000`."""
+_WORDED_NUMBER = re.compile(rf"(?:[A-Za-z ,.:;'%$£€¥*()]*[ ,.:;'%$£€¥*(])?({_NUMBER})"
+                            rf"(?:[ ,.:;'%$£€¥*)][A-Za-z ,.:;'%$£€¥*()]*)?")  # fmt: skip
+"""One number among plain words and punctuation: `18 dollars`, `It is 18.`, `$1,000`, `€18`, `**18**`, `18 (apples)`."""
 _VALUE_WORDS = re.compile(r"\b(?:not|no|never|minus|negative|plus|hundreds?|thousands?|millions?|billions?|trillions?|"
                           r"k|half|halves|thirds?|quarters?|double|twice|triple|thrice|squared|cubed|square|cube|root|"
                           r"times|percent|dozens?|less|more|fewer|over|under|above|below|than|about|around|almost|"
-                          r"nearly|roughly|approximately|divided|multiplied|except)\b", re.IGNORECASE)  # fmt: skip
-"""Words that change a number's value or deny it (`5 thousand`, `not 18`, `half of 10`): a worded answer holding one is
-not read as its bare number."""
+                          r"nearly|roughly|approximately|divided|multiplied|except|least|most|isn|aren|wasn|weren|doesn|don|didn|"
+                          r"wrong|incorrect|false|neither|nor)\b", re.IGNORECASE)  # fmt: skip
+"""Words that change a number's value or deny it (`5 thousand`, `not 18`, `half of 10`, `it isn't 18`, `at least 18`):
+a worded answer holding one is not read as its bare number."""
+_RELATION = re.compile(r"=|<|>|≈|≠|≤|≥|\\(?:approx|neq|ne|leq?|geq?|sim|equiv)(?![A-Za-z])")
+"""Relation signs, plain or LaTeX: `19 = 18` states two values, and math-verify would take one side of it."""
 
 
 def _int_or_none(s: str) -> int | None:
@@ -373,12 +377,12 @@ def read_rows(path: str) -> list[dict]:
             raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from e
         return pq.read_table(p).to_pylist()
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # a byte-order mark, as some editors write, is not part of line 1
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): give a .jsonl file of UTF-8 "
                          f"JSON objects (decompress a .gz first), a .parquet file or a saved dataset dir") from e
     rows = []
-    for i, line in enumerate(text.splitlines()):
+    for i, line in enumerate(text.split("\n")):  # not splitlines: U+2028 and \x85 may sit raw inside a string
         if line.strip():
             try:
                 row = json.loads(line)
@@ -397,7 +401,10 @@ class JsonlMath(Task):
     Answers are compared with math-verify when installed (`pip install math-verify`, or `aisrl[math]`: symbolic
     equivalence, so `\\frac{1}{2}` matches `0.5` and `x^2+1` matches `1+x^2`), else as integers or exact text.
     Where the reference is a plain number, an answer that is one number among plain words (`18 dollars`, `It is
-    1,000.`) is read as that number: as LaTeX, math-verify would take the words for a product of variables.
+    1,000.`, `**18**`, `€18`) is read as that number: as LaTeX, math-verify would take the words for a product of
+    variables; one whose words change or deny the number (`not 18`, `at least 18`, `5 thousand`) is wrong, as is a
+    relation between numbers (`19 = 18`), which states two answers. A word reference (`yes`, `Monday`) matches the
+    answer's word whatever its case, emphasis or final full stop.
     """
 
     name = "jsonl"
@@ -435,11 +442,19 @@ class JsonlMath(Task):
         random.Random(seed).shuffle(pool)
         return pool[:n]
 
+    scorer_version = 2  # 2: `**18**`, `€18`, `18 (apples)`, `\\[18\\]`, `Yes.` count; `isn't 18`, `19 = 18` do not
+
     def check(self, answer, problem):
         if answer.strip() == problem.answer.strip():
             return True
+        if not _RELATION.search(problem.answer):  # a relation between numbers is two answers, not one
+            sides = _RELATION.split(answer)
+            if sum(bool(re.search(r"\d", x)) for x in sides) > 1:
+                return False
         worded = _WORDED_NUMBER.fullmatch(answer.strip())
-        if worded and not _VALUE_WORDS.search(answer) and re.fullmatch(_NUMBER, problem.answer.strip()):
+        if worded and re.fullmatch(_NUMBER, problem.answer.strip()):
+            if _VALUE_WORDS.search(answer):  # `not 18`, `it isn't 18`: math-verify would still find the 18
+                return False
             answer = worded.group(1).replace(",", "")
         try:
             from math_verify import parse, verify
@@ -447,12 +462,23 @@ class JsonlMath(Task):
             a, b = _int_or_none(answer), _int_or_none(problem.answer)
             return a is not None and a == b
         if re.fullmatch(r"[A-Za-z][A-Za-z ]*", problem.answer.strip()):  # a word answer: as LaTeX, `no` is n*o = `on`
-            return answer.strip().casefold() == problem.answer.strip().casefold()
+            bare = answer.strip().strip("*_\"'").rstrip(".!").strip("*_\"' ")  # `**Yes**.`, `"Monday".`
+            return bare.casefold() == problem.answer.strip().casefold()
         # Both sides are read as LaTeX math: bare, math-verify would take `1+x^2` for its first number. Its
         # timeouts use signal.alarm, which only the main thread may set; elsewhere a check runs without one.
         limit = 5 if threading.current_thread() is threading.main_thread() else None
-        gold, got = (parse(f"${s.strip().strip('$')}$", parsing_timeout=limit) for s in (problem.answer, answer))
+        gold, got = (parse(f"${_unwrapped(s)}$", parsing_timeout=limit) for s in (problem.answer, answer))
         return bool(gold and got and verify(gold, got, timeout_seconds=limit))
+
+
+def _unwrapped(math: str) -> str:
+    """LaTeX without its math delimiters (`$...$`, `\\[...\\]`, `\\(...\\)`), to be wrapped in one `$...$`: a
+    second pair inside made the text unreadable to math-verify."""
+    math = math.strip().strip("$").strip()
+    for left, right in (("\\[", "\\]"), ("\\(", "\\)")):
+        if math.startswith(left) and math.endswith(right):
+            math = math[len(left) : -len(right)].strip()
+    return math
 
 
 class ReasoningGym(Task):

@@ -117,6 +117,13 @@ def test_jsonl_task_and_errors(tmp_path):
             JsonlMath(str(tmp_path / name))
     (tmp_path / "twice.jsonl").write_text('{"question": "q", "answer": "1"}\n{"question": "q", "answer": 1}')
     assert [p.question for p in JsonlMath(str(tmp_path / "twice.jsonl")).rows] == ["q"]  # one problem once
+    # JSON lets U+2028 and \x85 stand raw inside a string (json.dumps(ensure_ascii=False) writes them so), and an
+    # editor may begin the file with a byte-order mark: both are valid JSONL (before: "not a JSON object per line")
+    raw = [{"question": "line\u2028separator", "answer": "1"}, {"question": "next\x85line", "answer": "2"}]
+    (tmp_path / "raw.jsonl").write_text("\ufeff" + "\r\n".join(json.dumps(r, ensure_ascii=False) for r in raw),
+                                        encoding="utf-8")  # fmt: skip
+    assert [(p.question, p.answer) for p in JsonlMath(str(tmp_path / "raw.jsonl")).rows] == [
+        ("line\u2028separator", "1"), ("next\x85line", "2")]  # fmt: skip
     (tmp_path / "zipped.jsonl").write_bytes(b"\x1f\x8b\x08\x00 not text")
     with pytest.raises(ValueError, match=r"zipped.jsonl is not UTF-8 text .*decompress a .gz first"):
         JsonlMath(str(tmp_path / "zipped.jsonl"))
@@ -352,7 +359,17 @@ def test_a_numeric_answer_among_plain_words_is_that_number():
                                 # words that change the value or deny it (before: each read as the bare number)
                                 ("5", "5 thousand", False), ("5", "5 Million", False), ("5", "negative 5", False),
                                 ("5", "minus 5", False), ("18", "not 18", False), ("10", "half of 10", False),
-                                ("3", "3 squared", False), ("18", "about 18", False)]:  # fmt: skip
+                                ("3", "3 squared", False), ("18", "about 18", False),
+                                # what instruct models write around a right answer (before: each scored wrong)
+                                ("18", "**18**", True), ("18", "€18", True), ("18", "£18", True),
+                                ("18", "18 (apples)", True), ("18", r"\[18\]", symbolic), ("18", r"$\(18\)$", symbolic),
+                                ("yes", "Yes.", True), ("yes", "**Yes**", True), ("Monday", "monday.", True),
+                                ("yes", "Yes, no", False),
+                                # denials and relations (before: each read as the number it names)
+                                ("18", "It isn't 18.", False), ("18", "18 is wrong", False),
+                                ("18", "at least 18", False),
+                                ("18", "19 = 18", False), ("18", r"18 \approx 19", False), ("4", "x = 5 = 4", False),
+                                ("18", "x = 18", symbolic), ("x=2", "x = 2", symbolic)]:  # fmt: skip
         assert task.check(answer, Problem("q", gold)) is right, (gold, answer)
 
 
