@@ -6,10 +6,11 @@ rollouts after that point break it? And was it bad luck in the samples? A branch
 experiment. It copies the run's checkpoint at `step` into a new run folder and trains on from there. The
 prompts are those of the run; the sampling seeds are shifted by `sample_salt` (salt 0 replays the run's own
 continuation exactly, as a resume does). Optionally, any setting changes too. For two runs of one seed, say a
-full-precision run A and an FP8 run B, four sets of branches separate the causes:
+full-precision run A and an FP8 run B (each trained with a checkpoint at step 80 kept: checkpoint_every=20, or
+keep_checkpoints=0), four sets of branches separate the causes:
 
-    aisrl branch run=runs/x/reference/seed11 step=80 salts=[1,2,3]                     # A's state, A's rollouts
-    aisrl branch run=runs/x/fp8_e4m3_w8a8/ais/seed11 step=80 salts=[1,2,3]            # B's state, B's rollouts
+    aisrl branch run=runs/x/reference/seed11 step=80 "salts=[1,2,3]"                   # A's state, A's rollouts
+    aisrl branch run=runs/x/fp8_e4m3_w8a8/ais/seed11 step=80 "salts=[1,2,3]"          # B's state, B's rollouts
     aisrl branch run=runs/x/fp8_e4m3_w8a8/ais/seed11 step=80 rollout.quant=none       # B's state, full precision
     aisrl branch run=runs/x/reference/seed11 step=80 rollout.quant=fp8_e4m3_w8a8 correction.name=ais
 
@@ -44,7 +45,8 @@ class BranchConfig:
     run: str = ""
     """The run folder to branch from; its checkpoints/ must hold `step`."""
     step: int = 0
-    """The checkpoint every branch starts from (a step the run saved: see its checkpoints/ folder)."""
+    """The checkpoint every branch starts from (a step the run saved and kept: see its checkpoints/ folder; a run
+    keeps its latest `keep_checkpoints`, 2 by default)."""
     salts: list[int] = field(default_factory=lambda: [1, 2, 3])
     """One branch per salt, each drawing other samples from the same state; 0 replays the run's own continuation."""
     out: str = ""

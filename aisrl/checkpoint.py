@@ -89,7 +89,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return rows
 
 
-RESUMABLE = ("max_steps", "eval_every", "checkpoint_every", "micro_batch", "output_dir", "device")
+RESUMABLE = ("max_steps", "eval_every", "checkpoint_every", "keep_checkpoints", "micro_batch", "output_dir", "device")
 """Config keys a run may change between starts: they decide how long it runs, how often it evaluates and
 checkpoints, how the batch is split for memory and where it runs. Accumulation makes a new micro_batch the same
 update up to floating-point rounding, not bit for bit, and with dropout on (lora.dropout) it draws other masks; a
@@ -219,8 +219,9 @@ def saved_weights(output_dir: str | Path, step: int, resumable: bool = False) ->
 
 def save_checkpoint(output_dir, step: int, model, optimizer, extra: dict, keep: int = 2,
                     rank_rng: list[dict] | None = None) -> Path:  # fmt: skip
-    """Write the checkpoint of `step` atomically and point `latest` at it. `rank_rng`: every rank's generator states
-    under torchrun (each rank draws its own dropout masks), restored by rank for an exact resume."""
+    """Write the checkpoint of `step` atomically and point `latest` at it, keeping `keep` checkpoints in all (0: all
+    of them). `rank_rng`: every rank's generator states under torchrun (each rank draws its own dropout masks),
+    restored by rank for an exact resume."""
     root = _dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = checkpoint_dir(output_dir, step)
@@ -248,7 +249,8 @@ def save_checkpoint(output_dir, step: int, model, optimizer, extra: dict, keep: 
                     key=lambda p: int(p.name[5:]))  # by step: past step 999999 the names grow a digit  # fmt: skip
     later = [p for p in others if int(p.name[5:]) > step]  # an abandoned start's (`latest` deleted, or moved back)
     earlier = [p for p in others if int(p.name[5:]) < step]
-    for old in later + earlier[: max(len(earlier) - max(keep - 1, 0), 0)]:  # keep this one and keep - 1 before it
+    stale = earlier[: max(len(earlier) - (keep - 1), 0)] if keep > 0 else []  # keep this one and keep - 1 before it
+    for old in later + stale:  # (keep 0: every one)
         shutil.rmtree(old, ignore_errors=True)
     return final
 

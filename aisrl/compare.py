@@ -1,7 +1,7 @@
 """The comparison study: the same GRPO recipe with high-precision rollouts and with low-precision rollouts
 under each mismatch correction, over several seeds (docs/ais.md section 5; BENCHMARKS.md section 6).
 
-    aisrl compare lab methods=[none,tis,icepop,seq_mask,ais] formats=[fp8_e4m3_w8a8,mxfp4] seeds=[0,1,2]
+    aisrl compare lab "methods=[none,tis,icepop,seq_mask,ais]" "formats=[fp8_e4m3_w8a8,mxfp4]" "seeds=[0,1,2]"
 
 Every run is an ordinary `aisrl train` run in its own directory, `out/<format>/<method>/seed<k>`, plus one
 reference per seed in `out/reference/seed<k>` (high-precision rollouts, no correction: at the trainer's own precision

@@ -107,7 +107,7 @@ def _settings(checkpoint: str, digest: str, cfg, samples: int, held_samples: int
     """What a cached score depends on: the weights, the evaluation's sizes and seeds, and the run's
     configuration (sampling parameters, task, pools, rollout format; everything but its directory) and, for a
     local dataset, its contents."""
-    run = {k: v for k, v in asdict(cfg).items() if k != "output_dir"}
+    run = {k: v for k, v in asdict(cfg).items() if k not in ("output_dir", "keep_checkpoints")}  # where, what is kept
     for section, key, default in ADDED_LATER:  # at its default, a field added later leaves earlier scores valid
         where = run[section] if section else run
         if where.get(key) == default:

@@ -215,6 +215,9 @@ class TrainConfig:
     """Held-out problems per evaluation (and the size of the training-prompt subset whose fit is measured too)."""
     checkpoint_every: int = 10
     """Checkpoint every this many steps (and at the end)."""
+    keep_checkpoints: int = 2
+    """How many of its latest checkpoints a run keeps (0: all). A step you mean to branch from (`aisrl branch`) or
+    examine later (`aisrl mismatch start=RUN:STEP`) must be among them: keep more, or all."""
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
@@ -482,6 +485,9 @@ def validate(cfg: TrainConfig, output: str | None = "output_dir") -> None:
                 "eval_problems", "train_problems"):  # fmt: skip
         if getattr(cfg, key) < 1:
             raise ValueError(f"config key {key!r} must be >= 1, got {getattr(cfg, key)}")
+    if cfg.keep_checkpoints < 0:
+        raise ValueError(f"keep_checkpoints is how many of the latest checkpoints a run keeps, >= 0 (0: all); got "
+                         f"{cfg.keep_checkpoints}")  # fmt: skip
     if cfg.train_problems < cfg.prompts_per_step:  # known before the model (and a lab's warm start) is built
         raise ValueError(f"train_problems={cfg.train_problems} is fewer than prompts_per_step={cfg.prompts_per_step}: "
                          "a step draws that many distinct training prompts; raise train_problems")  # fmt: skip

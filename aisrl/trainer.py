@@ -407,7 +407,7 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
             if save_now:
                 kept = {"prev_alpha": prev_alpha, "k3": guard.history, "guard_undo": guard.state(),
                         "k3_rollout": _mismatch_key(cfg), "end_point": end_point, "calibrations": list(past)}
-                save_checkpoint(out, step, model, opt, kept, rank_rng=rngs)
+                save_checkpoint(out, step, model, opt, kept, keep=cfg.keep_checkpoints, rank_rng=rngs)
     if rank != 0:
         return {}
     tracker.close()

@@ -4,7 +4,7 @@ BENCHMARKS.md (`estimator` for the default settings and seed). A run with settin
 section (PUBLISHED) also gets a hash of them in its names, so that a smoke run does not replace published figures.
 
     python benchmarks/estimator.py [key=value ...]     # e.g. seed=1 groups=4 group_size=4
-    python benchmarks/estimator.py policy=markov length=24 groups=32 group_size=8 horizons=[1,10,100]
+    python benchmarks/estimator.py policy=markov length=24 groups=32 group_size=8 "horizons=[1,10,100]"
 """
 
 import sys

@@ -9,7 +9,7 @@ BENCHMARKS.md (`<preset>_<hash>` for settings other than a published section's: 
 
     python benchmarks/mixed_precision.py [preset=lab_columns "formats=[nvfp4_w4a4,mxfp4_w4a4]" "tops=[1,2,4,8]"]
     python benchmarks/mixed_precision.py preset= model=smollm2 prompts=16
-    python benchmarks/mixed_precision.py preset= start=runs/x/nvfp4_w4a4/ais/seed42:100 formats=[nvfp4_w4a4]
+    python benchmarks/mixed_precision.py preset= start=runs/x/nvfp4_w4a4/ais/seed42:100 "formats=[nvfp4_w4a4]"
 
 The single-layer effects need not add up (rounding errors of two layers can cancel), which is why each kept set is
 measured, not predicted. A kept set is then trained with `rollout.keep=[...]`.

@@ -143,6 +143,28 @@ def test_pruning_keeps_this_runs_previous_checkpoint_and_drops_an_abandoned_star
     for step in (999_999, 1_000_000, 1_000_001):
         save_checkpoint(tmp_path, step, model, opt, {}, keep=2)
     assert names() == ["step_1000000", "step_1000001"]  # before: step_999999 kept, as the later name in text order
+    # keep=0 keeps every checkpoint of this run (to branch from any step later); an abandoned start's still goes
+    for step in (1_000_002, 1_000_003):
+        save_checkpoint(tmp_path, step, model, opt, {}, keep=0)
+    assert names() == ["step_1000000", "step_1000001", "step_1000002", "step_1000003"]
+    save_checkpoint(tmp_path, 1_000_002, model, opt, {}, keep=0)  # `latest` moved back to 1000002
+    assert names() == ["step_1000000", "step_1000001", "step_1000002"]
+
+
+def test_a_run_keeps_the_checkpoints_it_is_told_to(tmp_path, monkeypatch):
+    from conftest import TINY_LAB
+
+    from aisrl.train_config import load_config, validate
+    from aisrl.trainer import train
+
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
+    base = [*TINY_LAB, "max_steps=4", "checkpoint_every=1"]
+    for keep, kept in ((0, [1, 2, 3, 4]), (3, [2, 3, 4])):
+        out = tmp_path / f"keep{keep}"
+        train(load_config("lab", [*base, f"keep_checkpoints={keep}", f"output_dir={out}"]), log=lambda _: None)
+        assert sorted(int(p.name[5:]) for p in (out / "checkpoints").glob("step_*")) == kept
+    with pytest.raises(ValueError, match="keep_checkpoints is how many .* >= 0 .* got -1"):
+        validate(load_config("lab", ["keep_checkpoints=-1"]))
 
 
 def test_a_checkpoint_of_another_model_is_refused_with_the_settings_to_check(tmp_path):
