@@ -178,7 +178,10 @@ def held_out_changes(run: Path, base: str, branch) -> list[str]:
     if base != str(run / "config.json"):
         return []
     recorded = load_config(base, [])
-    sets = [[(p.question, p.answer) for p in problem_sets(c, task_of(c))[1]] for c in (recorded, branch)]
+    try:
+        sets = [[(p.question, p.answer) for p in problem_sets(c, task_of(c))[1]] for c in (recorded, branch)]
+    except (OSError, ValueError) as e:  # the run's dataset has moved (the branch names where it is now), say
+        return [f"the run's held-out set cannot be rebuilt here ({e})"]
     if sets[0] == sets[1]:
         return []
     changes = config_changes(dataclasses.asdict(recorded), dataclasses.asdict(branch), free=())

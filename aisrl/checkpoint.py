@@ -89,7 +89,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return rows
 
 
-RESUMABLE = ("max_steps", "eval_every", "checkpoint_every", "keep_checkpoints", "micro_batch", "output_dir", "device")
+RESUMABLE = ("max_steps", "eval_every", "checkpoint_every", "micro_batch", "output_dir", "device")
 """Config keys a run may change between starts: they decide how long it runs, how often it evaluates and
 checkpoints, how the batch is split for memory and where it runs. Accumulation makes a new micro_batch the same
 update up to floating-point rounding, not bit for bit, and with dropout on (lora.dropout) it draws other masks; a

@@ -195,6 +195,19 @@ def reference_label(cfg: CompareConfig, fmt: str) -> str:
     return "BF16 (static engine)" if all(gpu_static) else "full precision"
 
 
+def _same_setting(a: str, b: str) -> bool:
+    """Whether two `key=value` training overrides set the same value (`true` and `True` do)."""
+    from aisrl.config import apply_overrides
+    from aisrl.train_config import TrainConfig
+
+    values = []
+    for item in (a, b):
+        cfg = TrainConfig()
+        apply_overrides(cfg, [item])
+        values.append(cfg)
+    return values[0] == values[1]
+
+
 def plan(cfg: CompareConfig) -> list[Run]:
     """Every run of the study, reference first; validates the names before anything runs."""
     from aisrl.correction import CORRECTIONS
@@ -212,7 +225,8 @@ def plan(cfg: CompareConfig) -> list[Run]:
         if m not in CORRECTIONS and m not in RECIPES:
             raise ValueError(f"unknown method {m!r}; choose from {sorted(CORRECTIONS) + sorted(RECIPES)}")
         recipe = {r.split("=", 1)[0]: r for r in RECIPES.get(m, [])}
-        clash = [item for item in cfg.train if item.split("=", 1)[0].strip() in recipe]
+        clash = [item for item in cfg.train if item.split("=", 1)[0].strip() in recipe
+                 and not _same_setting(item, recipe[item.split("=", 1)[0].strip()])]  # fmt: skip
         if clash:  # the recipe comes after the study's keys: a user's value would be overridden without a word
             sets = [recipe[c.split("=", 1)[0].strip()] for c in clash]
             raise ValueError(f"method {m!r} sets {sets} in each of its runs, which {clash} would not change there; "
@@ -523,7 +537,7 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int, done: dict | 
     """Per group: the seeds' summaries and their mean/std; groups without finished runs are listed as missing.
     `done` maps runs to their finished_rows where the caller read them already; `unscored` holds runs whose final
     model this invocation failed to score, whose cached scores (of another setting, say) are left out."""
-    from aisrl.bench.report import machine
+    from aisrl.bench.report import machine, machine_line
     from aisrl.checkpoint import read_record, run_start
     from aisrl.final_eval import cached_scores
 
@@ -540,7 +554,7 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int, done: dict | 
             g["runs"][str(run.seed)]["start"] = run_start(run.path(cfg.out))
             start = run.path(cfg.out) / "start.json"
             where = read_record(start).get("machine") if start.is_file() else None
-            if where and where not in trained_on:
+            if where and machine_line(where) not in map(machine_line, trained_on):  # threads aside: one machine
                 trained_on.append(where)
             if cfg.final_samples > 0 and run not in unscored:  # only scores of this checkpoint and these settings
                 g["runs"][str(run.seed)].update(cached_scores(run.path(cfg.out), cfg.final_samples, max_steps) or {})
@@ -574,7 +588,7 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int, done: dict | 
         both = [s for s in seeds if len(_finite(scores[s])) == 2]
         g["policy_paired_seeds"] = sorted(int(s) for s in both)
         g["policy_vs_reference"] = _mean_std([g["runs"][s]["policy_reward"] - ref[s]["policy_reward"] for s in both])
-    # `machine`: where the runs trained (their timings' machine) if one is recorded, else this one
+    # `machine`: where the runs started (their timings' machine, unless one moved) if recorded, else this one
     here = machine()
     return {"config": asdict(cfg), "max_steps": max_steps, "machine": trained_on[0] if trained_on else here,
             "trained_on": trained_on, "aggregated_on": here, "groups": groups, "mixed_starts": mixed}  # fmt: skip

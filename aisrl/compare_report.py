@@ -176,7 +176,7 @@ def publish(cfg: CompareConfig, result: dict, root: str | Path = ".") -> None:
     args = " ".join(shlex.quote(a) for a in argv) if argv[:1] == ["compare"] else ""
     command = f"aisrl {args}" if args else f"aisrl compare {cfg.preset} (see benchmarks/results/{name}.json)"
     where = result.get("trained_on")  # several: a study grown on more than one machine
-    said = (f"Machine{'s' if len(where) > 1 else ''} the runs trained on: {'; '.join(map(machine_line, where))}"
+    said = (f"Machine{'s' if len(where) > 1 else ''} the runs started on: {'; '.join(map(machine_line, where))}"
             if where else f"Machine: {machine_line(result['machine'])}")  # a result from before start.json
     body = (f"Command: `{command}`  \n{said}; "
             f"{result['max_steps']} steps per run. Cells are mean ± standard "

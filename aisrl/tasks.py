@@ -143,12 +143,21 @@ _WORDED_NUMBER = re.compile(rf"(?:[A-Za-z ,.:;'%$£€¥*()]*[ ,.:;'%$£€¥*(]
 _VALUE_WORDS = re.compile(r"\b(?:not|no|never|minus|negative|plus|hundreds?|thousands?|millions?|billions?|trillions?|"
                           r"k|half|halves|thirds?|quarters?|double|twice|triple|thrice|squared|cubed|square|cube|root|"
                           r"times|percent|dozens?|less|more|fewer|over|under|above|below|than|about|around|almost|"
-                          r"nearly|roughly|approximately|divided|multiplied|except|least|most|isn|aren|wasn|weren|doesn|don|didn|"
-                          r"wrong|incorrect|false|neither|nor)\b", re.IGNORECASE)  # fmt: skip
-"""Words that change a number's value or deny it (`5 thousand`, `not 18`, `half of 10`, `it isn't 18`, `at least 18`):
-a worded answer holding one is not read as its bare number."""
+                          r"nearly|roughly|approximately|divided|multiplied|except)\b", re.IGNORECASE)  # fmt: skip
+"""Words that change a number's value or deny it (`5 thousand`, `not 18`, `half of 10`): a worded answer holding one is
+not read as its bare number (math-verify reads it, as any other answer)."""
+_DENIAL = re.compile(r"\b(?:not|never|isn|aren|wasn|weren|doesn|didn|wrong|incorrect|false|neither|nor)\b"
+                     r"|\bat (?:least|most) [-$£€¥]?\d", re.IGNORECASE)  # fmt: skip
+"""Words that deny the number a worded answer holds, or make it a bound (`it isn't 18`, `18 is wrong`, `at least 18`):
+math-verify would still find the number in them, so such an answer is wrong."""
 _RELATION = re.compile(r"=|<|>|≈|≠|≤|≥|\\(?:approx|neq|ne|leq?|geq?|sim|equiv)(?![A-Za-z])")
-"""Relation signs, plain or LaTeX: `19 = 18` states two values, and math-verify would take one side of it."""
+"""Relation signs, plain or LaTeX: in `19 = 18` math-verify would take one side."""
+
+
+def _plain_number(s: str) -> Fraction | None:
+    """The value of `s` if it is one plain number (thousands commas, `$...$` allowed), else None."""
+    s = s.strip().strip("$").strip()
+    return Fraction(s.replace(",", "")) if len(s) < 1000 and re.fullmatch(_NUMBER, s) else None
 
 
 def _int_or_none(s: str) -> int | None:
@@ -447,15 +456,16 @@ class JsonlMath(Task):
     def check(self, answer, problem):
         if answer.strip() == problem.answer.strip():
             return True
-        if not _RELATION.search(problem.answer):  # a relation between numbers is two answers, not one
-            sides = _RELATION.split(answer)
-            if sum(bool(re.search(r"\d", x)) for x in sides) > 1:
-                return False
+        gold_number = _plain_number(problem.answer)
+        sides = _RELATION.split(answer) if gold_number is not None else []  # a relation: a side may say another
+        if len(sides) > 1 and any(n is not None and n != gold_number for n in map(_plain_number, sides)):  # value
+            return False  # `19 = 18`, `x = 5 = 4` (`2^3 = 8`, `f(2) = 7` go on to math-verify)
         worded = _WORDED_NUMBER.fullmatch(answer.strip())
-        if worded and re.fullmatch(_NUMBER, problem.answer.strip()):
-            if _VALUE_WORDS.search(answer):  # `not 18`, `it isn't 18`: math-verify would still find the 18
+        if worded and gold_number is not None:
+            if _DENIAL.search(answer):
                 return False
-            answer = worded.group(1).replace(",", "")
+            if not _VALUE_WORDS.search(answer):
+                answer = worded.group(1).replace(",", "")
         try:
             from math_verify import parse, verify
         except ImportError:

@@ -220,6 +220,26 @@ def test_a_branch_on_another_held_out_set_reports_no_change(run, tmp_path):
     assert same["branches"]["1"]["eval_change"] is not None and not any("held-out set" in x for x in logs)
 
 
+def test_a_run_whose_dataset_has_moved_can_still_be_branched(tmp_path):
+    """The held-out comparison rebuilds the run's problems from its record; a dataset that is no longer where the
+    record says (the branch names where it is now) made that an error that stopped the branch."""
+    import dataclasses
+
+    from aisrl.branch import held_out_changes
+
+    new = tmp_path / "new.jsonl"
+    rows = [{"question": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(80)]
+    new.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = tmp_path / "run"
+    run.mkdir()
+    recorded = load_config("lab", ["model.name=smollm2", "task=jsonl", f"dataset={tmp_path / 'moved_away.jsonl'}"])
+    (run / "config.json").write_text(json.dumps(dataclasses.asdict(recorded)))
+    branch = load_config(str(run / "config.json"), [f"dataset={new}"])
+    (why,) = held_out_changes(run, str(run / "config.json"), branch)
+    assert why.startswith("the run's held-out set cannot be rebuilt here (") and "moved_away.jsonl" in why
+    assert held_out_changes(run, "lab", branch) == []  # a run without a record: taken at its preset's word
+
+
 def test_a_branch_folder_named_past_a_file_systems_limit_ends_in_a_hash(tmp_path):
     """The folder name holds every override: a 16-pattern rollout.keep ran past 255 bytes, an OSError traceback."""
     from aisrl.branch import _out

@@ -292,6 +292,7 @@ def test_the_published_machine_is_where_the_runs_trained_and_counts_rest_on_fini
     cfg = CompareConfig(methods=["tis"], formats=["int4"], seeds=[0, 1, 2], out=str(tmp_path / "s"))
     gpu = {"cuda": "NVIDIA H100 80GB HBM3", "cpu": "Xeon 8480+", "processor": "x86_64", "cpus": 208, "torch": "2.5"}
     cpu = {"cuda": None, "cpu": "EPYC 9654", "processor": "x86_64", "cpus": 2, "torch": "2.13"}
+    one_thread = {**gpu, "torch_threads": 1}  # a subprocess of jobs=N: the same machine, said once
     for run in plan(cfg):
         rows = _fake_rows([0.5] * 5, {5: 0.4}, 0.3, [0.05] * 5)
         if run.seed == 2:  # steps 2-4 scored no token (no k3), and nothing was timed
@@ -300,17 +301,18 @@ def test_the_published_machine_is_where_the_runs_trained_and_counts_rest_on_fini
         _write_run(run.path(cfg.out), rows)
         (run.path(cfg.out) / "checkpoints/step_000005").mkdir()
         (run.path(cfg.out) / "checkpoints/step_000005/state.pt").write_bytes(b"")
-        where = gpu if run.seed < 2 else cpu
+        where = (one_thread if run.reference else gpu) if run.seed < 2 else cpu
         (run.path(cfg.out) / "start.json").write_text(json.dumps({"weights": "w", "machine": where}))
         _cache(run.path(cfg.out), "step_000005", {"policy_reward": math.nan if run.seed == 1 else 0.5,
                                                  "sampler_reward": 0.4, "held_reward": 0.3, "held_accuracy": 0.2},
                samples=4)  # fmt: skip
     result = aggregate(cfg, plan(cfg), max_steps=5)
-    assert result["trained_on"] == [gpu, cpu] and result["machine"] == gpu and result["aggregated_on"]["cpus"]
+    assert [m["cpus"] for m in result["trained_on"]] == [208, 2] and result["machine"]["cuda"] == gpu["cuda"]
+    assert result["aggregated_on"]["cpus"]
     (tmp_path / "BENCHMARKS.md").write_text("# Benchmarks\n")
     publish(cfg, result, root=tmp_path)
     text = (tmp_path / "BENCHMARKS.md").read_text()
-    said = "Machines the runs trained on: NVIDIA H100 80GB HBM3, Xeon 8480+, 208 CPUs, torch 2.5; EPYC 9654, 2 CPUs"
+    said = "Machines the runs started on: NVIDIA H100 80GB HBM3, Xeon 8480+, 208 CPUs, torch 2.5; EPYC 9654, 2 CPUs"
     assert said in text
     g = result["groups"]["int4/tis"]
     assert g["runs"]["2"]["seconds_per_step"] is None and g["runs"]["2"]["time_share"]["time_rollout"] is None
@@ -457,6 +459,10 @@ def test_aggregate_only_with_jobs_zero_runs_nothing(tmp_path, monkeypatch):
         plan(clash)
     clash.train = ["correction.calibrate_every=4"]
     assert {r.method for r in plan(clash)} == {"tis", "solrl", "none"}  # a key no recipe chosen sets
+    same = CompareConfig(methods=["ais", "qarl"], train=["correction.mask_errors=True"])  # the recipe's own value
+    assert {r.method for r in plan(same)} == {"ais", "qarl", "none"}
+    with pytest.raises(ValueError, match="method 'qarl' sets"):
+        plan(CompareConfig(methods=["ais", "qarl"], train=["correction.mask_errors=false"]))
 
 
 def test_a_study_re_run_with_other_overrides_is_refused(tmp_path):
