@@ -33,6 +33,21 @@ def step_line(row: dict, max_steps: int) -> str:
             f"({row['time_rollout']:.1f}s rollout, {row['time_train']:.1f}s train)")  # fmt: skip
 
 
+def _after_earlier_event_files(folder: Path) -> None:
+    """Wait until this second is later than that of every event file in `folder`. TensorBoard reads a run's event
+    files in name order, which begins with the second the file was opened: a resume opened within the second of an
+    earlier start (an automatic restart) could sort first, and the earlier file's purge marker, read last, hid every
+    step trained since."""
+    import time
+
+    stamps = [int(p.name.split(".")[3]) for p in folder.glob("events.out.tfevents.*") if p.name.split(".")[3].isdigit()]
+    newest = max(stamps, default=0)
+    if newest - time.time() > 2:  # written by a machine whose clock runs ahead: waiting for it could take for ever
+        return
+    while int(time.time()) <= newest:
+        time.sleep(0.05)  # a second at most
+
+
 class Tracker:
     def __init__(self, out: Path, max_steps: int, start: int, log=print, progress: bool | None = None):
         self.path, self.max_steps, self.log = Path(out) / "metrics.jsonl", max_steps, log
@@ -40,6 +55,7 @@ class Tracker:
         try:
             from torch.utils.tensorboard import SummaryWriter
 
+            _after_earlier_event_files(Path(out) / "tensorboard")
             self.tb = SummaryWriter(log_dir=str(Path(out) / "tensorboard"), purge_step=start + 1)
         except ImportError:
             pass

@@ -25,3 +25,25 @@ def test_rich_progress_bar(tmp_path):
     assert t.bar is not None and t.bar.tasks[0].completed == 1 and "reward 0.750" in t.bar.tasks[0].description
     t.close()
     assert lines == []  # the bar replaces the per-step lines
+
+
+def test_a_resume_opens_its_event_file_in_a_later_second_than_the_earlier_starts(tmp_path):
+    """TensorBoard reads a run's event files in name order (the second each was opened first): a resume opened in
+    the same second as the start it continues sorted before it, and that start's purge marker hid the new steps."""
+    import time
+
+    import pytest
+
+    pytest.importorskip("tensorboard")
+    folder = tmp_path / "tensorboard"
+    folder.mkdir()
+    now = int(time.time())
+    (folder / f"events.out.tfevents.{now}.zzz-host.99999.0").write_bytes(b"")  # sorts after this host's same second
+    t = Tracker(tmp_path, max_steps=3, start=2, log=lambda _: None, progress=False)
+    t.close()
+    (mine,) = [p for p in folder.glob("events.out.tfevents.*") if "zzz-host" not in p.name]
+    assert int(mine.name.split(".")[3]) > now and sorted(folder.iterdir())[-1] == mine
+    ahead = tmp_path / "ahead"  # a file stamped far ahead (another machine's clock) is not waited for
+    (ahead / "tensorboard").mkdir(parents=True)
+    (ahead / "tensorboard" / f"events.out.tfevents.{now + 10**6}.h.1.0").write_bytes(b"")
+    Tracker(ahead, max_steps=3, start=0, log=lambda _: None, progress=False).close()
