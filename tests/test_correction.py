@@ -509,7 +509,8 @@ def test_thresholds_past_the_log_ratio_clamp_are_refused_not_silently_ignored():
                                 ("icepop", {"low": 0.5, "high": 1e12}, "a ratio band's bounds lie in"),
                                 ("k1_reject", {"threshold": 25.0, "level": "token"}, "would reject nothing"),
                                 ("k2_reject", {"threshold": 200.0, "level": "seq_max"}, "would reject nothing"),
-                                ("k3_reject", {"threshold": 1e9, "level": "seq_mean"}, "would reject nothing")):  # fmt: skip
+                                ("k3_reject", {"threshold": 1e9, "level": "seq_mean"},
+                                 "would reject nothing")):  # fmt: skip
         with pytest.raises(ValueError, match=message):
             correct(name, old, roll, mask, **opts)
     # just inside the clamp they apply, and the bounds that mean "no bound" stay allowed
