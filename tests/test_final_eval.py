@@ -130,8 +130,9 @@ def test_fields_added_later_change_the_config_hash_only_away_from_their_default(
     before = load_config("lab")  # the hash a run scored before the fields existed would have had
     run = {k: v for k, v in dataclasses.asdict(before).items() if k != "output_dir"}
     del run["sample_salt"], run["correction"]["veto"], run["correction"]["guard"], run["correction"]["options"]
-    del run["task_options"], run["scale_advantages"], run["rollout"]["keep"]
+    del run["task_options"], run["scale_advantages"], run["rollout"]["keep"], run["keep_checkpoints"]
     assert base == hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert digest("keep_checkpoints=0") == base  # which checkpoints a run keeps changes no score
     assert digest("sample_salt=1") != base and digest("correction.guard=4") != base and digest("lr=1e-3") != base
     assert digest("scale_advantages=false") != base and digest("correction.options={'normalize': True}") != base
     assert digest("rollout.keep=[model.layers.0.*]") != base
