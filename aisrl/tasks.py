@@ -466,14 +466,14 @@ class JsonlMath(Task):
                 return False
             if not _VALUE_WORDS.search(answer):
                 answer = worded.group(1).replace(",", "")
+        if re.fullmatch(r"[A-Za-z][A-Za-z ]*", problem.answer.strip()):  # a word answer: as LaTeX, `no` is n*o = `on`
+            bare = answer.strip().strip("*_\"'").rstrip(".!").strip("*_\"' ")  # `**Yes**.`, `"Monday".`
+            return bare.casefold() == problem.answer.strip().casefold()
         try:
             from math_verify import parse, verify
         except ImportError:
             a, b = _int_or_none(answer), _int_or_none(problem.answer)
             return a is not None and a == b
-        if re.fullmatch(r"[A-Za-z][A-Za-z ]*", problem.answer.strip()):  # a word answer: as LaTeX, `no` is n*o = `on`
-            bare = answer.strip().strip("*_\"'").rstrip(".!").strip("*_\"' ")  # `**Yes**.`, `"Monday".`
-            return bare.casefold() == problem.answer.strip().casefold()
         # Both sides are read as LaTeX math: bare, math-verify would take `1+x^2` for its first number. Its
         # timeouts use signal.alarm, which only the main thread may set; elsewhere a check runs without one.
         limit = 5 if threading.current_thread() is threading.main_thread() else None
