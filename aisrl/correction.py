@@ -52,17 +52,7 @@ import torch
 
 from aisrl.ais import ais_alpha, ais_diagnostics
 from aisrl.config import check_like_default
-from aisrl.diagnostics import (
-    EXP_CLAMP,
-    LOG_RATIO_CLAMP,
-    Batch,
-    _div,
-    _s,
-    k3_per_token,
-    mismatch_metrics,
-    prepare,
-    weight_stats,
-)
+from aisrl.diagnostics import EXP_CLAMP, Batch, _div, _s, k3_per_token, mismatch_metrics, prepare, weight_stats
 from aisrl.dist import all_sum, local_only
 
 
@@ -76,18 +66,9 @@ class CorrectionResult(NamedTuple):
 Rule = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
 
 
-_W_MIN, _W_MAX = math.exp(-LOG_RATIO_CLAMP), math.exp(LOG_RATIO_CLAMP)
-"""The weights a token can have: log-ratios are clamped to +-LOG_RATIO_CLAMP, so a threshold past these never
-applies (a zero-probability token has its own flag, and the rules that drop weights take it out whatever it is)."""
-
-
 def _check_band(low: float, high: float) -> None:
     if not (0.0 <= low <= high and high > 0):
         raise ValueError(f"need 0 <= low <= high and high > 0 for a ratio band, got low={low}, high={high}")
-    if 0 < low < _W_MIN or _W_MAX < high < math.inf:
-        raise ValueError(f"a ratio band's bounds lie in [e^-{LOG_RATIO_CLAMP:g}, e^{LOG_RATIO_CLAMP:g}] = "
-                         f"[{_W_MIN:.3g}, {_W_MAX:.3g}], where log-ratios are clamped (or are 0 and inf: no bound); "
-                         f"got low={low}, high={high}")  # fmt: skip
 
 
 def _check_cap(cap: float, floor: float) -> None:
@@ -184,11 +165,6 @@ def _kl_reject(b: Batch, estimator: str, threshold: float = 0.05, level: str = "
         raise ValueError(f"unknown level {level!r} for {estimator}_reject; choose from {list(KL_LEVELS)}")
     if not threshold >= 0:  # also refuses NaN, which would silently reject every token
         raise ValueError(f"{estimator}_reject threshold must be a number >= 0, got {threshold}")
-    top = {"k1": LOG_RATIO_CLAMP, "k2": 0.5 * LOG_RATIO_CLAMP**2, "k3": math.expm1(LOG_RATIO_CLAMP) - LOG_RATIO_CLAMP}
-    if level != "seq_sum" and threshold >= top[estimator]:  # per token at most that: a threshold that rejects nothing
-        raise ValueError(f"{estimator}_reject threshold {threshold} at level {level!r} is at or past "
-                         f"{top[estimator]:.4g}, the most a token's {estimator} reaches with log-ratios clamped to "
-                         f"+-{LOG_RATIO_CLAMP:g}: it would reject nothing; lower it")  # fmt: skip
     d = b.delta.double()  # float64 and expm1: a threshold far below FP32's rounding of exp(d) - 1 still means it
     k = {"k1": -d, "k2": 0.5 * d**2, "k3": k3_per_token(d)}[estimator]  # (N, T)
     k = torch.where(b.in_products, k, 0.0)  # a zero-probability token counts towards its sequence's KL
@@ -206,11 +182,12 @@ def _kl_reject(b: Batch, estimator: str, threshold: float = 0.05, level: str = "
 
 def _vetoed(b: Batch, threshold: float) -> torch.Tensor:
     """(N,) bool: sequences holding a token with w < threshold (zero-probability tokens included)."""
-    if not _W_MIN <= threshold < 1:  # below e^-20 no weight is (log-ratios are clamped): a veto of nothing
-        raise ValueError(f"a veto threshold is a token weight in [e^-{LOG_RATIO_CLAMP:g} = {_W_MIN:.3g}, 1), where "
-                         f"log-ratios are clamped; got {threshold}")  # fmt: skip
-    # a zero-probability token by its flag: its clamped log-ratio (-20) sits above the log of a threshold < e^-20
-    return (b.zero | (b.mask & (b.delta < math.log(threshold)))).any(-1)
+    if not 0 < threshold < 1:
+        raise ValueError(f"a veto threshold is a token weight in (0, 1), got {threshold}")
+    # the log-ratio before the clamp (log-probs floored far below it): a threshold under e^-20 (1e-10, to veto only
+    # what is near impossible) still sees a weight of e^-30; a zero-probability token by its flag
+    raw = b.old_logp - b.rollout_logp  # (N, T)
+    return (b.zero | (b.mask & (raw < math.log(threshold)))).any(-1)
 
 
 def _veto(b: Batch, threshold: float = 1e-4):
