@@ -378,6 +378,18 @@ def test_a_numeric_answer_among_plain_words_is_that_number():
         assert task.check(answer, Problem("q", gold)) is right, (gold, answer)
 
 
+def test_word_answers_need_no_math_verify(monkeypatch):
+    """A word reference is compared as words; without math-verify, `Yes.` against `yes` was read as an integer."""
+    import sys
+
+    from aisrl.tasks import JsonlMath, Problem
+
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # `import math_verify` now raises ImportError
+    task = JsonlMath.__new__(JsonlMath)
+    assert task.check("Yes.", Problem("q", "yes")) and task.check("**Monday**", Problem("q", "Monday"))
+    assert not task.check("Tuesday", Problem("q", "Monday")) and task.check("It is 18.", Problem("q", "18"))
+
+
 def test_sudoku4_draws_every_grid_and_splits_by_grid():
     from aisrl.tasks import _sudoku4_grids
 
