@@ -200,12 +200,7 @@ def _same_setting(a: str, b: str) -> bool:
     from aisrl.config import apply_overrides
     from aisrl.train_config import TrainConfig
 
-    values = []
-    for item in (a, b):
-        cfg = TrainConfig()
-        apply_overrides(cfg, [item])
-        values.append(cfg)
-    return values[0] == values[1]
+    return apply_overrides(TrainConfig(), [a]) == apply_overrides(TrainConfig(), [b])
 
 
 def plan(cfg: CompareConfig) -> list[Run]:
@@ -225,10 +220,10 @@ def plan(cfg: CompareConfig) -> list[Run]:
         if m not in CORRECTIONS and m not in RECIPES:
             raise ValueError(f"unknown method {m!r}; choose from {sorted(CORRECTIONS) + sorted(RECIPES)}")
         recipe = {r.split("=", 1)[0]: r for r in RECIPES.get(m, [])}
-        clash = [item for item in cfg.train if item.split("=", 1)[0].strip() in recipe
-                 and not _same_setting(item, recipe[item.split("=", 1)[0].strip()])]  # fmt: skip
+        given = {item: recipe.get(item.split("=", 1)[0].strip()) for item in cfg.train}  # item -> the recipe's
+        clash = [item for item, ours in given.items() if ours is not None and not _same_setting(item, ours)]
         if clash:  # the recipe comes after the study's keys: a user's value would be overridden without a word
-            sets = [recipe[c.split("=", 1)[0].strip()] for c in clash]
+            sets = [given[c] for c in clash]
             raise ValueError(f"method {m!r} sets {sets} in each of its runs, which {clash} would not change there; "
                              f"drop {clash}, or leave {m!r} out")  # fmt: skip
     for f in cfg.formats:
@@ -538,7 +533,7 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int, done: dict | 
     `done` maps runs to their finished_rows where the caller read them already; `unscored` holds runs whose final
     model this invocation failed to score, whose cached scores (of another setting, say) are left out."""
     from aisrl.bench.report import machine, machine_line
-    from aisrl.checkpoint import read_record, run_start
+    from aisrl.checkpoint import read_record
     from aisrl.final_eval import cached_scores
 
     groups: dict[str, dict] = {}
@@ -551,9 +546,10 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int, done: dict | 
         if rows is not None:
             kept = [r for r in rows if r["step"] <= max_steps]  # by step: a run may go on past the study's length
             g["runs"][str(run.seed)] = summarize_run(kept, cfg.collapse_fraction, cfg.fall)
-            g["runs"][str(run.seed)]["start"] = run_start(run.path(cfg.out))
-            start = run.path(cfg.out) / "start.json"
-            where = read_record(start).get("machine") if start.is_file() else None
+            start = run.path(cfg.out) / "start.json"  # the run's initial weights and machine, read once
+            record = read_record(start) if start.is_file() else {}
+            g["runs"][str(run.seed)]["start"] = record.get("weights")
+            where = record.get("machine")
             if where and machine_line(where) not in map(machine_line, trained_on):  # threads aside: one machine
                 trained_on.append(where)
             if cfg.final_samples > 0 and run not in unscored:  # only scores of this checkpoint and these settings
