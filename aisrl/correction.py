@@ -36,6 +36,8 @@ Options every correction takes: `normalize=True` divides the applied weights by 
 such a token puts the rest of its sequence, and the reward the whole sequence is credited with, where the trainer
 would rarely go (a hard, sequence-wide stand-in for the context and suffix weights token TIS leaves out; logged as
 `veto_frac_seq`).
+Rules that reject (icepop, seq_mask, geo_mask, k*_reject, veto) decide on the log-ratio before the +-20 clamp the
+weights use (`Batch.log_ratio`), so a band or threshold past e^+-20 means what it says.
 `res.weights` is 0 wherever `res.mask` is False. A batch where everything is rejected returns an
 all-False mask and finite metrics; the losses turn it into a zero loss, not a division by zero.
 """
@@ -126,35 +128,41 @@ def _suffix_tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
     return _token_level(b, b.delta.flip(-1).cumsum(-1).flip(-1), cap, floor)  # sum_{s>=t} delta_s
 
 
-def _geo_mean_log(b: Batch) -> torch.Tensor:
-    return b.seq_log_w / b.products_len.clamp(min=1.0)  # (N,) mean_t delta, zero-probability tokens included
+def _geo_mean_log(b: Batch, log_v: torch.Tensor | None = None) -> torch.Tensor:
+    """(N,) mean_t of log_v (default delta) over the sequence's tokens, zero-probability tokens included."""
+    total = b.seq_log_w if log_v is None else log_v.sum(-1)
+    return total / b.products_len.clamp(min=1.0).to(total.dtype)
 
 
 def _geo_tis(b: Batch, cap: float = 2.0, floor: float = 0.0):
     return _seq_level(b, _geo_mean_log(b), cap, floor)
 
 
-def _icepop(b: Batch, low: float = 0.5, high: float = 2.0):
+def _log_bounds(low: float, high: float) -> tuple[float, float]:
     _check_band(low, high)
-    w = b.w
-    keep = b.mask & (w >= low) & (w <= high)
-    return w, keep, torch.zeros_like(keep), {}
+    return (math.log(low) if low > 0 else -math.inf), math.log(high)
+
+
+def _icepop(b: Batch, low: float = 0.5, high: float = 2.0):
+    lo, hi = _log_bounds(low, high)
+    lr = b.log_ratio  # (N, T) unclamped: a band past e^+-20 is honoured
+    keep = b.mask & (lr >= lo) & (lr <= hi)
+    return b.w, keep, torch.zeros_like(keep), {}
 
 
 def _seq_band(b: Batch, log_v: torch.Tensor, low: float, high: float):
     """Keep whole sequences whose exp(log_v) lies in [low, high] (compared in log space)."""
-    _check_band(low, high)
-    lo = math.log(low) if low > 0 else -math.inf
-    ok = (log_v >= lo) & (log_v <= math.log(high))  # (N,)
+    lo, hi = _log_bounds(low, high)
+    ok = (log_v >= lo) & (log_v <= hi)  # (N,)
     return torch.ones_like(b.delta), b.mask & _per_seq(ok), torch.zeros_like(b.mask), {}
 
 
 def _seq_mask(b: Batch, low: float = 0.5, high: float = 2.0):
-    return _seq_band(b, b.seq_log_w, low, high)
+    return _seq_band(b, b.log_ratio.sum(-1), low, high)  # unclamped, -inf with a zero-probability token
 
 
 def _geo_mask(b: Batch, low: float = 0.999, high: float = 1.001):
-    return _seq_band(b, _geo_mean_log(b), low, high)
+    return _seq_band(b, _geo_mean_log(b, b.log_ratio), low, high)
 
 
 KL_LEVELS = ("token", "seq_mean", "seq_sum", "seq_max")
@@ -165,9 +173,10 @@ def _kl_reject(b: Batch, estimator: str, threshold: float = 0.05, level: str = "
         raise ValueError(f"unknown level {level!r} for {estimator}_reject; choose from {list(KL_LEVELS)}")
     if not threshold >= 0:  # also refuses NaN, which would silently reject every token
         raise ValueError(f"{estimator}_reject threshold must be a number >= 0, got {threshold}")
-    d = b.delta.double()  # float64 and expm1: a threshold far below FP32's rounding of exp(d) - 1 still means it
+    # float64 and expm1: a threshold far below FP32's rounding of exp(d) - 1 still means it; unclamped, so a
+    # threshold past the +-20 clamp's KL still means it and a zero-probability token (d = -inf) has KL inf
+    d = b.log_ratio  # (N, T), 0 outside the products
     k = {"k1": -d, "k2": 0.5 * d**2, "k3": k3_per_token(d)}[estimator]  # (N, T)
-    k = torch.where(b.in_products, k, 0.0)  # a zero-probability token counts towards its sequence's KL
     if level == "token":
         keep = b.mask & (k.abs() <= threshold)
     else:
@@ -184,10 +193,9 @@ def _vetoed(b: Batch, threshold: float) -> torch.Tensor:
     """(N,) bool: sequences holding a token with w < threshold (zero-probability tokens included)."""
     if not 0 < threshold < 1:
         raise ValueError(f"a veto threshold is a token weight in (0, 1), got {threshold}")
-    # the log-ratio before the clamp (log-probs floored far below it): a threshold under e^-20 (1e-10, to veto only
-    # what is near impossible) still sees a weight of e^-30; a zero-probability token by its flag
-    raw = b.old_logp - b.rollout_logp  # (N, T)
-    return (b.zero | (b.mask & (raw < math.log(threshold)))).any(-1)
+    # the log-ratio before the clamp: a threshold under e^-20 (1e-10, to veto only what is near impossible) still
+    # sees a weight of e^-30; a zero-probability token has log-ratio -inf
+    return (b.log_ratio < math.log(threshold)).any(-1)
 
 
 def _veto(b: Batch, threshold: float = 1e-4):

@@ -64,6 +64,14 @@ class Batch:
         return self.in_products.sum(-1).to(self.delta.dtype)
 
     @property
+    def log_ratio(self) -> torch.Tensor:
+        """(N, T) float64 old_logp - rollout_logp before the +-LOG_RATIO_CLAMP clamp (log-probs floored at LOGP_FLOOR):
+        -inf at `zero`, 0 where not counted. The rejection rules decide on it, so a band or threshold past e^+-20
+        means what it says; weights and metrics use the clamped `delta`."""
+        raw = self.old_logp.double() - self.rollout_logp.double()  # 0 - 0 outside `mask`
+        return torch.where(self.zero, -math.inf, raw)
+
+    @property
     def w(self) -> torch.Tensor:
         return self.delta.exp()  # (N, T), exactly 1 where not counted, ~2e-9 where `zero`
 

@@ -190,6 +190,31 @@ def test_veto_option_wraps_any_correction(batch):
             correct("tis", *batch, veto=bad)
 
 
+def test_rejection_bounds_past_the_clamp_mean_what_they_say():
+    # token log-ratios -30, +25 and 0: the weights clamp them at +-20, but a band or threshold beyond e^+-20 decides on
+    # the true value (before: icepop low=1e-12 kept w = e^-30 as the clamped e^-20 = 2e-9 sat above it)
+    old = torch.tensor([[-31.0, -1.0, -1.0]])
+    roll = torch.tensor([[-1.0, -26.0, -1.0]])
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    cases = [
+        ("icepop", {"low": 1e-12, "high": 1e12}, [False, True, True]),  # e^-27.6 > e^-30; e^25 < e^27.6
+        ("icepop", {"low": 1e-12, "high": 1e10}, [False, False, True]),  # e^25 > e^23.0
+        ("icepop", {"low": 1e-14, "high": 1e11}, [True, True, True]),  # e^-32.2 < e^-30; e^25 < e^25.3
+        ("k1_reject", {"level": "token", "threshold": 27.0}, [False, True, True]),  # |k1| 30 and 25
+        ("k2_reject", {"level": "token", "threshold": 400.0}, [False, True, True]),  # k2 450 and 312.5
+    ]
+    for name, opts, kept in cases:
+        assert correct(name, old, roll, mask, **opts).mask[0].tolist() == kept, (name, opts)
+    # sequences: the -30 token alone, then with the +25 one (sum -5)
+    for cols, low, kept in [([0], math.exp(-29), False), ([0], math.exp(-31), True), ([0, 1], math.exp(-6), True)]:
+        res = correct("seq_mask", old[:, cols], roll[:, cols], mask[:, cols], low=low, high=1e12)
+        assert res.mask[0].tolist() == [kept] * len(cols), (cols, low)  # the clamped sum 0 of [0, 1] passes too
+    res = correct("geo_mask", old[:, :2], roll[:, :2], mask[:, :2], low=math.exp(-2.4), high=1.0)
+    assert res.mask[0].tolist() == [False, False]  # mean (-30 + 25) / 2 = -2.5 < -2.4 (the clamped mean is 0)
+    res = correct("geo_mask", old[:, :2], roll[:, :2], mask[:, :2], low=math.exp(-2.6), high=1.0)
+    assert res.mask[0].tolist() == [True, True]
+
+
 def test_ais_fixed_alpha_interpolates(batch):
     res = correct("ais", *batch, cap=3.0, alpha=0.5)
     close(res.weights, [[1.75, 0.7, 1.0], [2.0, 1.25, 0.0]])
@@ -371,11 +396,13 @@ def test_zero_probability_token_is_w_zero_in_every_product():
     geo = math.exp(-LOG_RATIO_CLAMP / 3)
     res = correct("geo_tis", old, roll, mask)
     assert torch.allclose(res.weights[0], torch.tensor([geo, 0.0, geo]), rtol=1e-5, atol=0), res.weights[0]
-    k3_mean = (math.exp(-LOG_RATIO_CLAMP) - 1 + LOG_RATIO_CLAMP) / 3  # ~6.33
-    for threshold, kept in [(6.4, True), (6.3, False)]:
-        res = correct("k3_reject", old, roll, mask, level="seq_mean", threshold=threshold)
-        assert res.mask[0].tolist() == [kept, False, kept], threshold
-    assert 6.3 < k3_mean < 6.4
+    # KL rules: w = 0 has KL estimate inf (k3 = 0 - 1 + inf), so any threshold rejects the sequence (before: the
+    # clamped -20 gave a seq-mean k3 of ~6.33, kept under a threshold of 6.4); so does a geo band reaching 0
+    for name, opts in [("k3_reject", {"level": "seq_mean", "threshold": 1e6}),
+                       ("k1_reject", {"level": "seq_sum", "threshold": 1e6}),
+                       ("geo_mask", {"low": 1e-30, "high": 2.0})]:  # fmt: skip
+        res = correct(name, old, roll, mask, **opts)
+        assert res.mask.tolist() == [[False] * 3, [True] * 3], name
     # A NaN is not a zero probability: it stays neutral (w = 1) in the products.
     res = correct("seq_tis", old.nan_to_num(nan=0.0, neginf=float("nan")), roll, mask)
     close(res.metrics["zero_prob_frac"], 0.0)
