@@ -103,8 +103,10 @@ def recorded_base(run: Path, preset: str = "") -> str:
 def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
     """(salt, TrainConfig, `aisrl train` arguments) of every branch; checks the run, the step and the settings
     before anything runs."""
+    from aisrl.config import check_once
     from aisrl.train_config import MAX_SALT, load_config, validate
 
+    check_once(cfg.train, " in the training keys (train=[...] and bare keys)")
     run = Path(cfg.run)
     if not cfg.run or not run.is_dir():
         raise ValueError(f"run={cfg.run!r} is not a run folder; pass run=DIR, a folder `aisrl train` wrote")

@@ -196,6 +196,14 @@ def _preset_and_overrides(args) -> tuple[str | None, list[str]]:
     return args.preset, list(args.overrides)
 
 
+def _refuse_repeated_keys(args) -> None:
+    """A key typed twice (`lr=1e-5 ... lr=1e-6`, often a pasted command line) is refused: which one was meant?"""
+    from aisrl.config import check_once
+
+    preset = getattr(args, "preset", None)
+    check_once([*([preset] if preset and _is_override(preset) else []), *(getattr(args, "overrides", None) or [])])
+
+
 def _keys_help(cls, note: str) -> str:
     """The epilog of a command's --help: every key of its config dataclass with its default and documentation."""
     import textwrap
@@ -260,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        _refuse_repeated_keys(args)
         return args.func(args)
     except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
             PermissionError) as e:  # fmt: skip  (bad config or input, or a path that cannot be used: one line)

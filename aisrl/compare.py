@@ -205,9 +205,11 @@ def _same_setting(a: str, b: str) -> bool:
 
 def plan(cfg: CompareConfig) -> list[Run]:
     """Every run of the study, reference first; validates the names before anything runs."""
+    from aisrl.config import check_once
     from aisrl.correction import CORRECTIONS
     from aisrl.quant import quant_config
 
+    check_once(cfg.train, " in the training keys (train=[...] and bare keys)")
     for item in cfg.train:
         key = item.split("=", 1)[0].strip()
         if key in SET_PER_RUN:

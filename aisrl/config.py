@@ -122,6 +122,15 @@ def field_docs(cls, prefix: str = "") -> dict[str, tuple[object, str]]:
     return out
 
 
+def check_once(items: list[str], where: str = "") -> None:
+    """Refuse `key=value` items that give one key more than once (`lr=1e-5 ... lr=1e-6`): the last would win without a
+    word. `where` names the list (`train=[...]`) in the error."""
+    keys = [item.split("=", 1)[0].strip() for item in items if "=" in item]
+    if twice := sorted({k for k in keys if keys.count(k) > 1}):
+        given = " ".join(item for item in items if item.split("=", 1)[0].strip() in twice)
+        raise ValueError(f"{', '.join(map(repr, twice))} given more than once{where} ({given}); give each key once")
+
+
 def apply_overrides(cfg, overrides: list[str]):
     """Apply `a.b=value` strings to a (nested) dataclass instance in place; returns it."""
     for item in overrides:

@@ -22,6 +22,26 @@ def test_bad_override_is_one_clear_line(capsys):
     assert err.startswith("aisrl: error: unknown config key 'batchez'") and "Traceback" not in err
 
 
+def test_a_key_given_twice_is_refused_before_anything_runs(tmp_path, capsys):
+    out = tmp_path / "r"
+    for argv in (["train", "lab", "max_steps=2", f"output_dir={out}", "max_steps=3"],
+                 ["train", "max_steps=2", f"output_dir={out}", " max_steps =3"],  # the first override, spaced
+                 ["bench", "estimator", "batches=3", "batches=4"]):  # fmt: skip
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "'max_steps'" in err or "'batches'" in err
+        assert "given more than once" in err and "Traceback" not in err
+    assert not out.exists()  # refused before the run folder was made
+    # the study merges `train=[...]` and bare training keys: one key in both is refused too, as in branch
+    for command in ("compare", "branch"):
+        assert main([command, "train=[lr=1e-3]", "lr=2e-3", f"out={tmp_path / command}"]) == 2
+        err = capsys.readouterr().err
+        assert "'lr' given more than once in the training keys" in err and "lr=1e-3 lr=2e-3" in err, err
+    assert main(["compare", "train=[lr=1e-3]", "seed=2", "seeds=[0]"]) == 2  # distinct keys pass to later checks
+    assert "given more than once" not in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
 def test_the_main_job_is_one_preset_everywhere():
     """`make run`, the README and `aisrl train` with no preset all mean DEFAULT_PRESET; a first argument that is
     an override is not taken for a preset."""
