@@ -323,6 +323,12 @@ def run_study(cfg: CompareConfig, log=print) -> dict:
 
     runs = plan(cfg)
     base = load_config(cfg.preset, cfg.train)  # validates the shared overrides once
+    if cfg.publish:  # a published section shows the figure: say so before hours of training, not after
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("publish=true draws the study's figure, and matplotlib is not installed: "
+                             "pip install 'aisrl[plot]', or leave publish out")  # fmt: skip
     todo = [r for r in runs if (not cfg.only or r.group in cfg.only) and not finished(r.path(cfg.out), base.max_steps)]
     _check_runs(runs, cfg, todo if cfg.jobs > 0 else [])
     if cfg.jobs > 0 and todo:

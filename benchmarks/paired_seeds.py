@@ -9,7 +9,8 @@ with the reference run of the same seed (same prompts and sampling seeds; full p
 a reference). Runs of one seed that started from different weights (start.json; a warm start rebuilt on another CPU) are
 refused. The score is the last-fifth training reward (`reward`, the default), the held-out greedy accuracy the trainer
 measured at the last step (`greedy_accuracy`; the run must evaluate at its last step), or one of the final-model scores
-`aisrl compare` writes to each run's final_eval.json (aisrl.final_eval). Only finished runs count: a run whose metrics
+`aisrl compare` writes to each run's final_eval.json (aisrl.final_eval). Only finished runs with a finite score count
+(a NaN score, where nothing was scorable, leaves its seed out): a run whose metrics
 stop before its last step, or that has no current final_eval.json (of its last step's weights as they are, made by this
 version of the scorer: aisrl.final_eval.SCORER) when one of its scores is asked for, is skipped. A method written
 `METHOD@DIR` is taken from that directory alone, so runs of one method under other training settings (a study with
@@ -37,9 +38,13 @@ ROOT = Path(__file__).resolve().parent.parent
 METRICS = ("reward", "greedy_accuracy", "policy_reward", "sampler_reward", "held_accuracy", "held_reward")
 
 
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
 def last_fifth_reward(rows: list[dict], steps: int) -> float | None:
     """The mean training reward over the last fifth of `steps` (rows: per_step's, one per step)."""
-    tail = [r["reward"] for r in rows[:steps][-max(1, steps // 5) :] if r.get("reward") is not None]
+    tail = [r["reward"] for r in rows[:steps][-max(1, steps // 5) :] if _finite(r.get("reward"))]
     return sum(tail) / len(tail) if tail else None
 
 
@@ -86,7 +91,7 @@ def collect(
                 continue
             chosen.add(seed)
             value = score(run, steps, metric, rows)
-            if value is not None:
+            if _finite(value):  # a final score is NaN where nothing was scorable: the seed is left out, as unscored
                 out[seed] = value
                 if where is not None:
                     where[seed] = run

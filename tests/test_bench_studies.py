@@ -24,6 +24,21 @@ def test_scores_are_read_at_their_step_when_a_metrics_line_was_removed(tmp_path)
     assert ps.score(tmp_path / "run", 10, "reward") == pytest.approx((0.9 + 1.0) / 2)  # steps 9-10, not 10-11
 
 
+def test_paired_seeds_leaves_out_a_seed_whose_score_is_nan(tmp_path, monkeypatch):
+    # final_eval writes NaN where nothing was scorable, and a training reward can be NaN: such a seed is unscored (it
+    # gave a bare statistics traceback with 2+ seeds, or a NaN mean counted as a negative with one)
+    ps = load_benchmark("paired_seeds")
+    for seed, value in enumerate((0.4, math.nan, 0.6)):
+        write_run(tmp_path / "s" / "reference" / f"seed{seed}", [{"step": 1, "reward": value}])
+    monkeypatch.setattr(ps, "score", lambda run, steps, metric, rows: {"seed0": 0.1, "seed1": math.nan}.get(run.name))
+    assert ps.collect([tmp_path / "s"], "reference", 1, "held_reward") == {0: 0.1}
+    monkeypatch.undo()
+    assert ps.collect([tmp_path / "s"], "reference", 1) == {0: 0.4, 2: 0.6}
+    rows = [{"step": s, "reward": math.nan if s == 5 else 0.5} for s in range(1, 11)]
+    assert ps.last_fifth_reward(rows, 10) == 0.5  # step 5's NaN is outside the fifth; and inside:
+    assert ps.last_fifth_reward([{**r, "reward": math.nan} if r["step"] == 10 else r for r in rows], 10) == 0.5
+
+
 def test_the_guard_replay_forgets_its_undo_copy_after_a_step_that_updated_nothing():
     gr = load_benchmark("guard_replay")
     k3 = [0.01] * 10 + [0.1]

@@ -4,6 +4,7 @@ import hashlib
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -337,6 +338,16 @@ def test_the_published_command_is_the_whole_study(tmp_path, monkeypatch):
     monkeypatch.setattr("sys.argv", argv)  # published from the last piece of a study run group by group
     publish(cfg, aggregate(cfg, plan(cfg), max_steps=1), root=tmp_path)
     assert "Command: `aisrl compare lab 'methods=[none]'`" in (tmp_path / "BENCHMARKS.md").read_text()
+
+
+def test_publish_without_matplotlib_is_refused_before_any_run(tmp_path, monkeypatch):
+    # publish drew the figure after the JSON was replaced: a traceback, and BENCHMARKS.md left behind its JSON
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    cfg = CompareConfig(methods=["none"], formats=["int4"], seeds=[0], reference=False, out=str(tmp_path / "s"),
+                        publish=True)  # fmt: skip
+    with pytest.raises(ValueError, match=r"publish=true draws the study's figure.*aisrl\[plot\]"):
+        run_study(cfg, log=lambda *a: None)
+    assert not (tmp_path / "s").exists()
 
 
 def test_publish_writes_results_and_benchmarks_section(tmp_path):
