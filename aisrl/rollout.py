@@ -196,6 +196,7 @@ def request_seeds(key: tuple[int, ...], n: int) -> list[int]:
     return [int.from_bytes(hashlib.blake2b(f"{text}/{i}".encode(), digest_size=4).digest(), "little") for i in range(n)]
 
 
+@torch.no_grad()  # sampling never backpropagates: a model whose weights require grad must not record every decode step
 def generate(
     model,
     prompts: list[list[int]],

@@ -453,7 +453,7 @@ def _rollout_model(cfg: TrainConfig, model, device, problems, encode):
     if cfg.rollout.engine == "static":
         engine = static_engine(cfg, model, device, problems, encode, rollout_format(cfg))
         return engine, engine.sync
-    rollout = copy.deepcopy(model).eval()
+    rollout = copy.deepcopy(model).eval().requires_grad_(False)  # a sampler: no gradients, whatever calls it
     if cfg.rollout.quant != "none":
         quantize_(rollout, rollout_format(cfg))
     return rollout, functools.partial(sync_weights, rollout=rollout)
