@@ -103,12 +103,16 @@ class DoctorConfig:
     differently (device=cpu reproduces them)."""
 
 
-def _prompt_ids(cfg: DoctorConfig, tok) -> list[list[int]]:
+def _prompt_ids(cfg: DoctorConfig, tok, vocab_size: int) -> list[list[int]]:
     if cfg.task not in TASKS:
         raise ValueError(f"unknown task {cfg.task!r}; choose from {sorted(TASKS)}")
     questions = TASKS[cfg.task](cfg.prompts, cfg.seed)
-    if tok is None:  # tiny models have no tokenizer: bytes of the text, folded into a small vocabulary
-        return [[1] + [3 + b % 200 for b in q.encode()][:24] for q in questions]
+    if tok is None:  # tiny models have no tokenizer: bytes of the text, folded into the ids 3.. of the vocabulary
+        if vocab_size < 4:
+            raise ValueError(f"a model without a tokenizer gets byte prompts folded into ids 3..V-1; its vocabulary "
+                             f"has V={vocab_size}: pass its tokenizer (diagnose(cfg, model, tok))")  # fmt: skip
+        fold = min(200, vocab_size - 3)
+        return [[1] + [3 + b % fold for b in q.encode()][:24] for q in questions]
     return [prompt_ids(tok, q) for q in questions]
 
 
@@ -129,7 +133,7 @@ def _subject(cfg: DoctorConfig, model, tok, checkpoint: tuple[str, Path] | None 
         from aisrl.models import load_model
 
         model, tok = load_model(cfg.model)
-    prompts = _prompt_ids(cfg, tok)
+    prompts = _prompt_ids(cfg, tok, model.config.vocab_size)
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
     pad = tok.pad_token_id if tok is not None else model.config.pad_token_id
     eos = tok.eos_token_id if tok is not None else model.config.eos_token_id
@@ -187,12 +191,19 @@ def check(cfg: DoctorConfig) -> tuple[str, Path] | None:
         if given:
             raise ValueError(f"with a preset or start, {given} come from {what}; drop them, or diagnose the model "
                              "without preset and start")  # fmt: skip
+    else:
+        SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)  # temperature > 0, named
     resolve_device(cfg.device)
-    if cfg.preset and not cfg.start:
+    checkpoint = _run_checkpoint(cfg) if cfg.start else None  # a bad RUN:STEP
+    if cfg.preset or checkpoint:
         from aisrl.train_config import load_config
 
-        load_config(cfg.preset)  # an unknown preset, named
-    return _run_checkpoint(cfg) if cfg.start else None  # a bad RUN:STEP
+        tcfg = load_config(checkpoint[0] if checkpoint else cfg.preset)  # an unknown preset, named
+        kv = [name for name in cfg.formats if quant_config(name).kv_cache]
+        if tcfg.model.kind == "diffusion" and kv:  # its sampler has no cache: the figures would be the cache-less ones
+            raise ValueError(f"formats {kv} quantise a KV cache, which a diffusion model (bidirectional, no cache) "
+                             "does not have; use the presets without _kv")  # fmt: skip
+    return checkpoint
 
 
 def diagnose(cfg: DoctorConfig, model=None, tok=None) -> dict:

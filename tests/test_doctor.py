@@ -49,9 +49,27 @@ def test_unknown_format_fails_before_loading(capsys, tmp_path):
                           (["prompts=0"], "prompts must be >= 1, got 0"),
                           (["max_new_tokens=0"], "max_new_tokens must be >= 1, got 0"),
                           (["seed=-1"], "seed must be in [0, 1000000000), got -1"),  # training refuses it too
+                          (["temperature=0", "--out", str(tmp_path / "t")], "temperature must be > 0"),
                           (["--out", "pyproject.toml/x"], "--out pyproject.toml/x cannot be created")):  # fmt: skip
         assert main(["mismatch", "--model", "tiny-llama", *args]) == 2
         assert message in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()  # temperature=0 was refused after loading, its output folder made
+
+
+def test_a_kv_cache_format_is_refused_for_a_diffusion_model_and_byte_prompts_fit_a_small_vocabulary(tmp_path):
+    # a diffusion sampler has no cache: the _kv row repeated the cache-less figures as if a cache were measured
+    out = tmp_path / "o"
+    with pytest.raises(ValueError, match=r"\['fp8_e4m3_w8a8_kv'\] quantise a KV cache, which a diffusion model"):
+        main_args = DoctorConfig(preset="diffusion_lab", formats=["fp8_e4m3_w8a8", "fp8_e4m3_w8a8_kv"], prompts=1)
+        diagnose(main_args)
+    assert main(["mismatch", "--preset", "diffusion_lab", "--formats", "fp8_e4m3_w8a8_kv", "--out", str(out)]) == 2
+    assert not out.exists()
+    # a model without a tokenizer gets byte prompts: ids up to 202 crashed a 64-token vocabulary in the forward
+    small = tiny_model(vocab_size=64)
+    res = diagnose(DoctorConfig(formats=["fp8_e4m3_w8a8"], prompts=2, max_new_tokens=2, device="cpu"), small)
+    assert res["fp8_e4m3_w8a8"]["tokens"] > 0
+    with pytest.raises(ValueError, match="its vocabulary has V=3"):
+        diagnose(DoctorConfig(formats=["fp8_e4m3_w8a8"], prompts=1, max_new_tokens=1), tiny_model(vocab_size=3))
 
 
 @pytest.mark.parametrize("kind", ["causal", "diffusion"])
