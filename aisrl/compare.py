@@ -130,6 +130,8 @@ class Run:
 
     def overrides(self, cfg: CompareConfig) -> list[str]:
         method = RECIPES.get(self.method, [f"correction.name={self.method}"])
+        given = {o.split("=", 1)[0].strip() for o in cfg.train}  # a recipe key given too has the same value (plan):
+        method = [o for o in method if o.split("=", 1)[0] not in given]  # once, as `aisrl train` takes each key
         return [*cfg.train, f"seed={self.seed}", f"rollout.quant={self.fmt}", *method,
                 f"output_dir={self.path(cfg.out)}"]  # fmt: skip
 

@@ -5,6 +5,12 @@ TINY_LAB = ["lab.hidden=32", "lab.layers=1", "lab.sft_steps=0", "prompts_per_ste
             "rollout.max_new_tokens=8", "eval_problems=8", "train_problems=64"]  # fmt: skip
 
 
+def overriding(base: list[str], *items: str) -> list[str]:
+    """`base` overrides with `items` in place of the keys they give: the command line refuses a key given twice."""
+    keys = {item.split("=", 1)[0] for item in items}
+    return [o for o in base if o.split("=", 1)[0] not in keys] + list(items)
+
+
 def untimed(row: dict) -> dict:
     """A metrics row without its seconds (every time_* key), which differ between two runs of the same steps."""
     return {k: v for k, v in row.items() if not k.startswith("time_")}

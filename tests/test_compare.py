@@ -472,6 +472,12 @@ def test_aggregate_only_with_jobs_zero_runs_nothing(tmp_path, monkeypatch):
     assert {r.method for r in plan(clash)} == {"tis", "solrl", "none"}  # a key no recipe chosen sets
     same = CompareConfig(methods=["ais", "qarl"], train=["correction.mask_errors=True"])  # the recipe's own value
     assert {r.method for r in plan(same)} == {"ais", "qarl", "none"}
+    # ... given once to each run: `aisrl train` (a study's subprocesses, jobs > 1) refuses a key given twice
+    from aisrl.config import check_once
+
+    qarl = next(r for r in plan(same) if r.method == "qarl").overrides(same)
+    check_once(qarl)
+    assert "correction.mask_errors=True" in qarl and "loss=tbpo" in qarl
     with pytest.raises(ValueError, match="method 'qarl' sets"):
         plan(CompareConfig(methods=["ais", "qarl"], train=["correction.mask_errors=false"]))
 

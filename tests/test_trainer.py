@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_LAB, untimed
+from conftest import TINY_LAB, overriding, untimed
 from safetensors.torch import load_file
 
 from aisrl.checkpoint import latest_checkpoint, load_checkpoint, run_start, same_start, save_checkpoint, weights_digest
@@ -316,7 +316,7 @@ def test_small_pool_and_non_positive_settings_fail_clearly(capsys, monkeypatch):
 
     # refused by validation, before the model (a lab's warm start: minutes) is built
     monkeypatch.setattr(aisrl.trainer, "build", lambda cfg: pytest.fail("built a model for a config it refuses"))
-    assert main(["train", "lab", *TINY, "train_problems=2"]) == 2
+    assert main(["train", "lab", *overriding(TINY, "train_problems=2")]) == 2
     assert "train_problems=2 is fewer than prompts_per_step=4" in capsys.readouterr().err
     monkeypatch.undo()
     # a dataset holds what it holds: fewer training problems than a step's prompts is found when they are read
@@ -333,7 +333,7 @@ def test_small_pool_and_non_positive_settings_fail_clearly(capsys, monkeypatch):
         problem_sets(cfg, Small())
     cfg.prompts_per_step, cfg.train_problems, cfg.eval_problems = 2, 2, 1
     assert [len(s) for s in problem_sets(cfg, Small())] == [2, 1]
-    assert main(["train", "lab", *TINY, "eval_every=0"]) == 2
+    assert main(["train", "lab", *overriding(TINY, "eval_every=0")]) == 2
     assert "config key 'eval_every' must be >= 1" in capsys.readouterr().err
 
 

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from conftest import overriding
 
 from aisrl.cli import main
 
@@ -39,7 +40,7 @@ def test_identical_rollout_and_trainer_give_weights_of_exactly_one(tmp_path):
 
 
 def test_bad_diffusion_geometry_is_named(tmp_path, capsys):
-    assert main(["train", "lab", *TINY, "diffusion.block_length=7", f"output_dir={tmp_path}"]) == 2
+    assert main(["train", "lab", *overriding(TINY, "diffusion.block_length=7"), f"output_dir={tmp_path}"]) == 2
     assert "multiple of block_length=7" in capsys.readouterr().err
     # settings the diffusion sampler and its d1 log-probs would ignore or misread are refused, naming the key
     assert main(["train", "lab", *TINY, "rollout.top_p=0.9", f"output_dir={tmp_path}"]) == 2
