@@ -23,12 +23,29 @@ def test_unpaired_markers_are_refused_rather_than_swallowing_text(tmp_path):
     doc = tmp_path / "B.md"
     broken = "<!-- BEGIN a -->\nhalf\n\nprose that must survive\n\n<!-- BEGIN a -->\nx\n<!-- END a -->\n"
     doc.write_text(broken)
-    with pytest.raises(ValueError, match="markers of section 'a' are unpaired or repeated"):
+    with pytest.raises(ValueError, match="markers of section 'a' are unpaired, repeated"):
         update_section(doc, "a", "y")
     doc.write_text("<!-- END a -->\ntext\n<!-- BEGIN a -->\n")
     with pytest.raises(ValueError, match="section 'a'"):
         update_section(doc, "a", "y")
     assert doc.read_text() == "<!-- END a -->\ntext\n<!-- BEGIN a -->\n"
+
+
+def test_interleaved_sections_are_refused_and_markers_quoted_in_prose_are_text(tmp_path):
+    doc = tmp_path / "B.md"
+    # replacing a deleted b's BEGIN line and its first lines without a word
+    tangled = "<!-- BEGIN a -->\n1\n<!-- BEGIN b -->\n2\n<!-- END a -->\n3\n<!-- END b -->\n"
+    doc.write_text(tangled)
+    with pytest.raises(ValueError, match="interleaved with another section's"):
+        update_section(doc, "a", "NEW")
+    assert doc.read_text() == tangled
+    # prose that names the markers inline is not a section: the section is appended, the prose kept word for word
+    prose = "See `<!-- BEGIN d -->` and `<!-- END d -->` for how sections work.\n"
+    doc.write_text(prose)
+    update_section(doc, "d", "D")
+    assert doc.read_text() == prose.rstrip() + "\n\n<!-- BEGIN d -->\nD\n<!-- END d -->\n"
+    update_section(doc, "d", "E")
+    assert doc.read_text() == prose.rstrip() + "\n\n<!-- BEGIN d -->\nE\n<!-- END d -->\n"
 
 
 def test_benchmarks_finishing_together_keep_each_others_sections(tmp_path, monkeypatch):

@@ -108,6 +108,9 @@ def settings_tag(settings: dict, published: list[dict]) -> str:
     return "" if settings in published else digest
 
 
+_MARKER = re.compile(r"<!-- (BEGIN|END) \S+ -->")
+
+
 def update_section(path: str | Path, name: str, body: str) -> None:
     """Replace the text between `<!-- BEGIN name -->` and `<!-- END name -->`, appending if absent. The file is read,
     changed and replaced under a lock, so that benchmarks finishing together keep each other's sections."""
@@ -118,13 +121,21 @@ def update_section(path: str | Path, name: str, body: str) -> None:
                          "differently")  # fmt: skip
     with _locked(path):
         text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
-        if text.count(begin) > 1 or text.count(begin) != text.count(end) or text.find(end) < text.find(begin):
-            raise ValueError(f"{path}: the markers of section {name!r} are unpaired or repeated; mend them by hand "
-                             f"(one {begin} line, then one {end} line), so that no text between them is "
-                             "lost")  # fmt: skip
-        block = f"{begin}\n{body.rstrip()}\n{end}"
-        pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
-        text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+        # markers are whole lines (one quoted in prose is text); the section's must be one pair, in order, holding
+        # no other section's marker (interleaved sections: replacing one would delete the other's start)
+        lines = text.split("\n")
+        starts, ends = ([i for i, line in enumerate(lines) if line.strip() == m] for m in (begin, end))
+        inner = starts and ends and any(_MARKER.fullmatch(line.strip()) for line in lines[starts[0] + 1 : ends[0]])
+        if len(starts) > 1 or len(starts) != len(ends) or (starts and ends[0] < starts[0]) or inner:
+            raise ValueError(f"{path}: the markers of section {name!r} are unpaired, repeated or interleaved with "
+                             f"another section's; mend them by hand (one {begin} line, then one {end} line, no other "
+                             "section's marker between them), so that no text between them is lost")  # fmt: skip
+        block = [begin, body.rstrip(), end]
+        if starts:
+            lines[starts[0] : ends[0] + 1] = block
+            text = "\n".join(lines)
+        else:
+            text = text.rstrip() + "\n\n" + "\n".join(block) + "\n"
         atomic_write_text(path, text)
 
 
