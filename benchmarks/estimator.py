@@ -4,7 +4,9 @@ BENCHMARKS.md (`estimator` for the default settings and seed). A run with settin
 section (PUBLISHED) also gets a hash of them in its names, so that a smoke run does not replace published figures.
 
     python benchmarks/estimator.py [key=value ...]     # e.g. seed=1 groups=4 group_size=4
-    python benchmarks/estimator.py policy=markov length=24 groups=32 group_size=8 "horizons=[1,10,100]"
+    python benchmarks/estimator.py policy=markov length=24 groups=32 group_size=8 batches=240 instances=8 \
+        "strengths=[0.05,0.1,0.2,0.35]" "methods=[none,tis,prefix_tis,suffix_tis,seq_tis,icepop,ais]" \
+        "horizons=[1,10,100]"                          # the published markov section (BENCHMARKS.md)
 """
 
 import sys

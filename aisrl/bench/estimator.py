@@ -432,7 +432,8 @@ def horizon_markdown(result: dict) -> str:
     out = []
     for h in [h for h in result["config"]["horizons"] if h != 1] + [None]:
         title = f"MSE over h = {h} steps, bias^2 + variance / h" if h else "Squared bias alone (h -> infinity)"
-        rows = [f"{title} (relative to |g|^2; bold = lowest):\n", head + (f" | oracle@{h} |" if h else " |")]
+        rows = [f"{title} (relative to |g|^2; bold = lowest; unbiased estimates, which noise can put below 0):\n",
+                head + (f" | oracle@{h} |" if h else " |")]  # fmt: skip
         rows.append("|" + "---|" * (len(methods) + 3 + bool(h)))
         for p in points:
             v = {m: p[f"bias2:{m}"] + (p[f"var:{m}"] / h if h else 0.0) for m in methods}
