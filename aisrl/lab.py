@@ -247,13 +247,21 @@ def publish_cache(cache: Path, write) -> None:
     """Write a cache entry into a private temporary directory (unique per call: builders in containers or on machines
     that share the cache may share a process id), put its files on disk, then rename it into place, so that an entry
     holding info.json is complete. First writer wins; what a failed write left is removed. A folder without info.json
-    in the way (a partial entry of an earlier version) is replaced."""
+    in the way (a partial entry of an earlier version) is moved aside and removed; temporary folders of builders killed
+    a day or more ago are removed. Anything else in the way is an error naming it (nothing would ever be cached)."""
     import shutil
     import tempfile
+    import time
 
     from aisrl.checkpoint import _fsync
 
     cache.parent.mkdir(parents=True, exist_ok=True)
+    for old in cache.parent.glob(f".{cache.name}.*"):  # a killed builder's copy of the model, or a stale entry
+        try:
+            if time.time() - old.stat().st_mtime > 86400:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:  # removed meanwhile by another builder
+            pass
     tmp = Path(tempfile.mkdtemp(dir=cache.parent, prefix=f".{cache.name}.tmp"))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp's is 0700: others sharing the cache read the entry too
@@ -261,14 +269,36 @@ def publish_cache(cache: Path, write) -> None:
         for f in [*tmp.rglob("*"), tmp]:
             _fsync(f)
         if cache.is_dir() and not (cache / "info.json").exists():
-            shutil.rmtree(cache, ignore_errors=True)
+            _move_aside(cache)
         try:
             tmp.rename(cache)
-        except OSError:  # another process published it first
-            return
+        except OSError as e:
+            if (cache / "info.json").exists():  # another process published it first
+                return
+            raise OSError(f"the warm start could not be cached at {cache} ({e}): something else is in the way; "
+                          "delete it") from e  # fmt: skip
         _fsync(cache.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone after a rename; a leftover otherwise
+
+
+def _move_aside(cache: Path) -> None:
+    """Remove a partial entry at `cache` by first renaming it (atomic) to a private name: a builder that published a
+    complete entry there meanwhile gets it back, instead of losing it to a delete that checked too early."""
+    import contextlib
+    import shutil
+    import tempfile
+
+    aside = Path(tempfile.mkdtemp(dir=cache.parent, prefix=f".{cache.name}.stale")) / "entry"
+    try:
+        cache.rename(aside)
+    except OSError:  # gone already, or not ours to move: the rename into place says what is wrong
+        shutil.rmtree(aside.parent, ignore_errors=True)
+        return
+    if (aside / "info.json").exists():  # complete after all: published between the check and the move
+        with contextlib.suppress(OSError):  # a third builder published meanwhile: one complete entry is enough
+            aside.rename(cache)
+    shutil.rmtree(aside.parent, ignore_errors=True)
 
 
 def load_cached(cache: Path, load):

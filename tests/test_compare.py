@@ -343,6 +343,8 @@ def test_the_published_command_is_the_whole_study(tmp_path, monkeypatch):
 def test_publish_without_matplotlib_is_refused_before_any_run(tmp_path, monkeypatch):
     # publish drew the figure after the JSON was replaced: a traceback, and BENCHMARKS.md left behind its JSON
     monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.chdir(tmp_path)  # publish writes under the working directory: never into the repository
+    monkeypatch.setattr("aisrl.compare._run_here", lambda *a: pytest.fail("trained before refusing"))
     cfg = CompareConfig(methods=["none"], formats=["int4"], seeds=[0], reference=False, out=str(tmp_path / "s"),
                         publish=True)  # fmt: skip
     with pytest.raises(ValueError, match=r"publish=true draws the study's figure.*aisrl\[plot\]"):

@@ -134,6 +134,44 @@ def test_cache_entries_are_whole_when_builders_share_a_process_id(tmp_path):
     assert [p.name for p in cache.parent.iterdir()] == ["entry"]
 
 
+def test_a_cache_entry_that_cannot_be_published_is_named_and_leftovers_are_cleared(tmp_path, monkeypatch):
+    import os
+    import shutil
+
+    from aisrl import lab
+    from aisrl.lab import publish_cache
+
+    def write(tmp):
+        (tmp / "info.json").write_text("{}")
+        (tmp / "model.safetensors").write_bytes(b"w")
+
+    root = tmp_path / "lab"
+    root.mkdir()
+    (root / "abc").write_text("stray")  # before: taken for "another process published it first", nothing cached
+    with pytest.raises(OSError, match=r"could not be cached at .*abc .*something else is in the way; delete it"):
+        publish_cache(root / "abc", write)
+    # a killed builder's temporary copy is removed once a day old; a fresh one (a builder at work) is left alone
+    for name, age in ((".e.tmpold", 2 * 86400), (".e.tmpnew", 60)):
+        (root / name).mkdir()
+        os.utime(root / name, (os.path.getmtime(root) - age,) * 2)
+    publish_cache(root / "e", write)
+    assert sorted(p.name for p in root.iterdir()) == [".e.tmpnew", "abc", "e"]
+    # a complete entry published between the check for a partial one and its removal is kept (before: deleted)
+    shutil.rmtree(root / "e")
+    (root / "e").mkdir()  # partial: no info.json
+    real_aside = lab._move_aside
+
+    def aside(cache):  # another builder replaces the partial entry with a complete one, just before the removal
+        write(cache)
+        (cache / "model.safetensors").write_bytes(b"theirs")
+        real_aside(cache)
+
+    monkeypatch.setattr(lab, "_move_aside", aside)
+    publish_cache(root / "e", write)
+    assert (root / "e" / "model.safetensors").read_bytes() == b"theirs"
+    assert sorted(p.name for p in root.iterdir()) == [".e.tmpnew", "abc", "e"]
+
+
 def test_columns_lab_preset_has_a_large_disjoint_held_out_set_and_room_for_every_trace():
     from aisrl.lab import lab_task
     from aisrl.train_config import load_config
