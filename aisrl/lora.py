@@ -19,10 +19,15 @@ def apply_lora(model, r: int, alpha: float, targets: list[str], dropout: float =
     except ImportError as e:
         raise ImportError("lora.r > 0 needs peft: pip install peft") from e
     modules = [m for m, _ in model.named_modules()]
-    unmatched = [t for t in targets if t not in optional and not any(m == t or m.endswith(f".{t}") for m in modules)]
-    if unmatched:
-        leaves = sorted({m.rsplit(".", 1)[-1] for m, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)})
-        raise ValueError(f"lora.targets {unmatched} name no module of this model; its linear layers are {leaves}")
+
+    def matches(t: str) -> bool:
+        return any(m == t or m.endswith(f".{t}") for m in modules)
+
+    unmatched = [t for t in targets if t not in optional and not matches(t)]
+    if unmatched or not any(map(matches, targets)):  # the optional defaults alone, none in this architecture
+        leaves = sorted({m.rsplit(".", 1)[-1] for m, mod in model.named_modules() if _is_linear(mod)})
+        raise ValueError(f"lora.targets {unmatched or list(targets)} name no module of this model; its linear layers "
+                         f"are {leaves}")  # fmt: skip
     names: dict[int, list[str]] = {}  # parameter -> every name it has (tied embeddings: two)
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
@@ -34,6 +39,11 @@ def apply_lora(model, r: int, alpha: float, targets: list[str], dropout: float =
                              "change one use of it and the rollout copy's sync would not see it; leave it out of "
                              "lora.targets")  # fmt: skip
     return get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=dropout))
+
+
+def _is_linear(module) -> bool:
+    """A layer peft's LoRA adapts as a linear one: torch's Linear, or the transposed Conv1D of GPT-2-style models."""
+    return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
 
 
 def is_peft(model) -> bool:

@@ -127,6 +127,15 @@ def test_a_target_whose_weight_is_tied_is_refused():
     # a misspelt target is named with the layers there are (before: peft adapted q_proj alone, without a word)
     with pytest.raises(ValueError, match=r"lora.targets \['vproj'\] name no module of this model; its linear layers"):
         apply_lora(tiny_model(seed=0), r=2, alpha=4, targets=["q_proj", "vproj"])
+    # GPT-2-style models' projections are transformers' Conv1D, which the list names (before: only lm_head), and a
+    # list of optional defaults none of which the model has is refused here too (before: peft's bare error)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=16))
+    with pytest.raises(ValueError, match=r"\['c_atn'\] name no module.*\['c_attn', 'c_fc', 'c_proj', 'lm_head'\]"):
+        apply_lora(gpt2, r=2, alpha=4, targets=["c_atn"])
+    with pytest.raises(ValueError, match=r"\['q_proj', 'v_proj'\] name no module.*'c_attn'"):
+        apply_lora(gpt2, r=2, alpha=4, targets=["q_proj", "v_proj"], optional=["q_proj", "v_proj"])
     adapted = apply_lora(tiny_model(seed=0), r=2, alpha=4, targets=["q_proj", "w_gate"], optional=["w_gate"])
     assert any(n.endswith("q_proj.lora_A.default.weight") for n, _ in adapted.named_parameters())
     # the trainer: the default list may name layers a model lacks (the diffusion lab has no gate_proj); a list the
