@@ -352,11 +352,11 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
                 rule=cfg.correction.calibrate_rule, keep=end_point, past=past)  # fmt: skip
             t["time_calibrate"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        res = combine({name: correct(name, old_logp, r.rollout_logp, r.completion_mask,
-                                     **correction_options(cfg, prev_alpha, name)) for name in picked}, picked)
+        results = {name: correct(name, old_logp, r.rollout_logp, r.completion_mask,
+                                 **correction_options(cfg, prev_alpha, name)) for name in picked}  # fmt: skip
+        res = _applied(cfg, results, picked, keep)
         (n_err,) = all_sum(errors.sum().double())
         res.metrics["error_token_frac"] = n_err / res.metrics["num_tokens"].clamp(min=1)
-        res = _restricted(cfg, res, keep)
         alpha = res.metrics["alpha"].item() if "alpha" in res.metrics else None
         measured_batch = res.metrics["num_tokens"].item() > 0  # no token the trainer could score: nothing measured
         tripped = guard.tripped(res.metrics["k3_kl"].item() if measured_batch else float("nan"))
@@ -485,6 +485,13 @@ def _restricted(cfg: TrainConfig, res, keep):
     """The correction result with only the tokens of `keep` (N, T) left (None: all), its weights renormalized there
     when the correction normalizes them."""
     return res if keep is None else restrict(res, keep, normalize=bool(cfg.correction.options.get("normalize")))
+
+
+def _applied(cfg: TrainConfig, results: dict, picked: dict[str, float], keep):
+    """The correction the update applies: the picked candidates' results, each restricted to `keep` (renormalised there
+    on its own, as the calibration measured it), mixed with the weights `picked`."""
+    mixed = combine({name: _restricted(cfg, res, keep) for name, res in results.items()}, picked)
+    return mixed if keep is None or len(results) == 1 else restrict(mixed, keep)  # the mixture's weight statistics
 
 
 def _gradient(cfg: TrainConfig, model, ref, r, old_logp, adv, res, score, policy, keep=None) -> torch.Tensor:

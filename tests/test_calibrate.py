@@ -207,6 +207,31 @@ def test_combine_mixes_the_token_weights():
     assert combine({"tis": tis}, {"tis": 1.0}) is tis
 
 
+def test_the_applied_mixture_is_that_of_the_candidates_as_calibration_measured_them():
+    # with normalize and QaRL's error masking, calibration measures each candidate restricted and renormalised on its
+    # own; the update mixed first and renormalised the mixture, another set of weights (0.009 apart here)
+    from aisrl.correction import restrict
+    from aisrl.train_config import load_config
+    from aisrl.trainer import _applied
+
+    g = torch.Generator().manual_seed(0)
+    old, roll = -torch.rand(4, 6, generator=g) * 3, -torch.rand(4, 6, generator=g) * 3
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    keep = torch.rand(4, 6, generator=g) > 0.3
+    cfg = load_config("lab")
+    cfg.correction.options = {"normalize": True}
+    rs = {c: correct(c, old, roll, mask, cap=2.0, normalize=True) for c in ("tis", "seq_tis")}
+    lam = {"tis": 0.5, "seq_tis": 0.5}
+    expected = sum(lam[c] * restrict(rs[c], keep, normalize=True).weights for c in rs)
+    res = _applied(cfg, rs, lam, keep)
+    torch.testing.assert_close(res.weights, expected)
+    assert res.mask.tolist() == keep.tolist()
+    close = restrict(combine(rs, lam), keep, normalize=True).weights
+    assert (close - expected).abs().max() > 1e-3  # the order matters on this batch: the test can tell them apart
+    assert _applied(cfg, {"tis": rs["tis"]}, {"tis": 1.0}, keep).weights.equal(
+        restrict(rs["tis"], keep, normalize=True).weights)  # fmt: skip
+
+
 def test_candidates_and_settings_are_checked_before_anything_is_built():
     with pytest.raises(ValueError, match=r"unknown correction\(s\) \['tiss'\]"):
         check_candidates(["tis", "tiss"])
