@@ -108,7 +108,7 @@ def pooled_noise(rounds: list[dict], names: list[str], gram: torch.Tensor) -> to
     ref2 = torch.tensor([r["calib_ref_norm"] ** 2 for r in rounds], dtype=torch.float64)  # (n,)
     dist = torch.tensor([[r[f"calib_dist_{c}"] for c in names] for r in rounds], dtype=torch.float64)  # (n, C)
     total = (dist * ref2[:, None]).sum(0) / ref2.mean()  # (C,) sum_r |d_c(r)|^2 in the pooled units
-    noise = (total - n * gram.diagonal()) / (n * (n - 1))  # (C,)
+    noise = ((total - n * gram.diagonal()) / (n * (n - 1))).clamp(min=0.0)  # (C,) a trace: >= 0 but for rounding
     return torch.where(torch.isfinite(total) & torch.isfinite(gram.diagonal()), noise, float("inf"))  # not inf - inf
 
 

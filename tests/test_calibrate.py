@@ -123,6 +123,11 @@ def test_pooled_noise_is_the_noise_part_of_the_pooled_distance():
     # tr Cov over the two: |d - mean|^2 is 1 + 1 for each; / (n - 1) / n / 2.5 = 0.4
     assert pooled_noise(rounds, ["a", "b"], gram).tolist() == pytest.approx([0.4, 0.4])
     assert pooled_noise(rounds[:1], ["a", "b"], gram) is None
+    # the same difference in every calibration has no noise: rounding of the records leaves +-1e-8, never below 0
+    for seed in range(10):  # (before: 5 of these 10 were negative)
+        d = torch.rand(1000, generator=torch.Generator().manual_seed(seed)) * 0.1
+        same = [{"calib_dist_a": float((d * d).sum() / 7.3), "calib_ref_norm": 7.3**0.5, "diff": d[None]}] * 4
+        assert 0 <= pooled_noise(same, ["a"], _gram(same) / 7.3).item() < 1e-7
     # a candidate whose gradient overflowed in one calibration: its noise is inf, as its distance is, not NaN
     bad = [rounds[0], dict(rounds[1], calib_dist_b=float("inf"), diff=torch.tensor([[3.0, 0.0], [float("inf"), 0]]))]
     noise = pooled_noise(bad, ["a", "b"], _gram(bad) / 2.5)
