@@ -148,9 +148,14 @@ def _cache_dir(cfg, kind: str = "lab") -> Path:
     from aisrl.tasks import TASKS
 
     fields = asdict(cfg)
-    version = getattr(TASKS.get(fields.get("lab", fields).get("task")), "problems_version", 1)
+    lab = fields.get("lab", fields)
+    task = TASKS.get(lab.get("task"))
+    version = getattr(task, "problems_version", 1)
     if version != 1:  # the task's problems changed since its first warm starts: a new one (earlier keys stay valid)
         fields["problems_version"] = version
+    scorer = getattr(task, "scorer_version", 1)
+    if lab.get("target") is not None and scorer != 1:  # the scorer decides where a band-stopped warm start stops
+        fields["scorer_version"] = scorer
     key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
     root = Path(os.environ.get("AISRL_CACHE", Path.home() / ".cache" / "aisrl"))
     return root / kind / key

@@ -186,3 +186,17 @@ def test_columns_lab_preset_has_a_large_disjoint_held_out_set_and_room_for_every
     longest = max(len(tok.encode(completion_text(p))) + 1 for p in pool + held)  # + EOS
     assert longest == 1 + 15 + 1 + 1 + 3 + 1 + 1  # 99+99: two columns, a three-digit answer
     assert longest <= cfg.rollout.max_new_tokens  # no correct completion is cut off
+
+
+def test_a_band_stopped_warm_start_is_keyed_by_the_tasks_scorer(monkeypatch, tmp_path):
+    # with lab.target the scorer decides where the warm start stops: an entry of the old scorer was reused silently
+    from aisrl.lab import LabConfig, _cache_dir
+    from aisrl.tasks import TASKS
+
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path))
+    countdown = TASKS["countdown"]
+    banded, plain = LabConfig(task="countdown", target=(0.3, 0.5)), LabConfig(task="countdown")
+    keys = (_cache_dir(banded), _cache_dir(plain))
+    monkeypatch.setattr(countdown, "scorer_version", countdown.scorer_version + 1)
+    assert _cache_dir(banded) != keys[0]  # a new scorer, a new band-stopped warm start
+    assert _cache_dir(plain) == keys[1]  # a fixed number of steps trains the same weights whatever the scorer
