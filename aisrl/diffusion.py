@@ -10,7 +10,8 @@ steps / num_blocks denoising steps; its n masked positions are committed on a sc
 step, the first n % s steps one more. At a step the model predicts every position, a token is sampled at
 each masked position of the current block (temperature; 0 = argmax), and the k most confident predictions
 are committed (remasking='low_confidence': confidence = the model's untempered probability of the sampled
-token; 'random': a uniform draw). Positions after the current block stay masked.
+token, renormalised without [MASK], which is never committed (LLaDA's reference keeps [MASK] in that softmax, so its
+order of commits can differ slightly); 'random': a uniform draw). Positions after the current block stay masked.
 
 Log-probs (diffu-GRPO, d1). The sequence likelihood of a diffusion LM is intractable; d1 estimates
 per-token log-probs with one forward pass on a perturbed input: every completion token masked, each prompt
@@ -193,7 +194,8 @@ def diffusion_generate(model, prompts: list[list[int]], params: DiffusionParams,
 def _pick(logits: torch.Tensor, u: torch.Tensor, params: DiffusionParams, mask_id: int):
     """((b, K) tokens, (b, K) confidences) of a micro-batch's block logits (b, K, V), on their device and brought to
     the CPU: each position's token drawn from the tempered distribution with uniforms u[:, 0] (inverse CDF; the argmax
-    at temperature 0), never [MASK], and its untempered probability (low-confidence remasking's confidence)."""
+    at temperature 0), never [MASK], and its untempered probability over the tokens other than [MASK]
+    (low-confidence remasking's confidence)."""
     logits = logits.float()
     logits[..., mask_id] = -torch.inf  # a committed token is never [MASK]
     if params.temperature > 0:  # inverse-CDF sampling; never a zero-probability token such as [MASK]

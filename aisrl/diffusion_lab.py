@@ -1,8 +1,9 @@
 """The diffusion lab: a tiny masked-diffusion policy warm-started on a procedural task, for GRPO on a CPU.
 
 Same idea as `aisrl.lab` for causal models: the character tokenizer (plus one [MASK] id after its
-vocabulary), solver traces of a procedural task (4x4 Sudoku by default), and a supervised warm start of a
-fixed number of steps (`LabConfig.sft_steps`; the loop is `aisrl.lab.run_sft`), cached on disk by configuration.
+vocabulary), solver traces of a procedural task (4x4 Sudoku in the diffusion_lab preset), and a supervised warm
+start of a fixed number of steps (`LabConfig.sft_steps`; the loop is `aisrl.lab.run_sft`),
+cached on disk by configuration.
 The warm start is LLaDA's masked-token objective: the completion is padded with EOS to gen_length, a time
 t ~ U(0, 1) per sequence, raised to at least 1e-3 (1/t weights a tiny t's few masked tokens without bound), masks each
 completion token with probability t, and the loss is the cross-entropy of the masked tokens weighted by 1/t,
