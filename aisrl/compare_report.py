@@ -52,7 +52,7 @@ def table(result: dict) -> str:
             f"| {_pm(g['eval_start'])} | {_pm(g['eval_final'])} | {_pm(g['eval_best'])} | {g['collapses']}/{n} "
             f"| {g.get('falls', 0)}/{n} "
             f"| {_pm(g['fit_start'])} | {_pm(g['fit_final'])} | {_pm(g['reward_last_fifth'], 1, 3)} "
-            f"| {_pm(g.get('reward_vs_reference', (None, None)), 1, 3)}{_pairs(g, n)} "
+            f"| {_delta(g, 'reward_vs_reference')}{_pairs(g, n)} "
             f"| {_arrow(g, 'alpha')} | {_arrow(g, 'k3_kl', 2)} "
             f"| {_arrow(g, 'ess')} | {_pm((g['time_share']['time_rollout'], None), digits=0)}% "
             f"| {_pm((g['seconds_per_step'][0], None), 1, 2)} |"
@@ -64,6 +64,11 @@ def table(result: dict) -> str:
         lines.append(f"\nSeeds {result['mixed_starts']} hold runs that started from different weights: they are left "
                      "out of the paired differences.")  # fmt: skip
     return "\n".join(lines)
+
+
+def _delta(g: dict, key: str) -> str:
+    """A paired difference from the reference; '-' in the reference's own row (0 against itself says nothing)."""
+    return "-" if _is_reference(g) else _pm(g.get(key, (None, None)), 1, 3)
 
 
 def _pairs(g: dict, n: int, of: str = "reward") -> str:
@@ -85,7 +90,7 @@ def final_table(result: dict) -> str:
         if g.get("policy_reward", (None,))[0] is None:
             continue
         scored = len(_finite([r.get("policy_reward") for r in g["runs"].values()]))  # runs with a score
-        delta = _pm(g["policy_vs_reference"], 1, 3) + _pairs(g, scored, "policy")
+        delta = _delta(g, "policy_vs_reference") + _pairs(g, scored, "policy")
         lines.append(f"| {_rollout(g)} | {g['method']} | {scored} "
                      f"| {_pm(g['policy_reward'], 1, 3)} | {delta} "
                      f"| {_pm(g['sampler_reward'], 1, 3)} | {_pm(g['held_accuracy'])} |")  # fmt: skip

@@ -58,6 +58,10 @@ def test_reduced_study_runs_end_to_end_and_resumes(tmp_path, capsys):
     assert result["groups"]["fp8_e4m3_w8a8/ais"]["policy_vs_reference"][0] == pytest.approx(
         ais["policy_reward"] - ref["policy_reward"])
     assert "| fp8_e4m3_w8a8 | ais | 1 |" in final_table(result)
+    # the reference's own row shows no difference from itself (before: 0.000, as if measured)
+    ref_rows = [line for text in (table(result), final_table(result)) for line in text.splitlines()
+                if line.startswith("| full precision |")]  # fmt: skip
+    assert [row.split(" | ")[11 if i == 0 else 4] for i, row in enumerate(ref_rows)] == ["-", "-"], ref_rows
     # a finished study is not re-run: the second call only aggregates (metrics files untouched)
     before = {p: p.stat().st_mtime_ns for p in out.rglob("metrics.jsonl")}
     assert main(args) == 0
