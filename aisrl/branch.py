@@ -120,7 +120,7 @@ def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
     if not all(0 <= s < MAX_SALT for s in cfg.salts):  # each is a branch's sample_salt
         raise ValueError(f"salts must each be in [0, {MAX_SALT}), got {cfg.salts}")
     for key in ("sample_salt", "output_dir"):
-        if any(o.split("=", 1)[0] == key for o in cfg.train):
+        if any(o.split("=", 1)[0].strip() == key for o in cfg.train):
             raise ValueError(f"{key} is set per branch; use salts=[...] and out=... instead of {key}=...")
     base = recorded_base(run, cfg.preset)
     out = []

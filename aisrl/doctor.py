@@ -104,6 +104,7 @@ class DoctorConfig:
 
 
 def _prompt_ids(cfg: DoctorConfig, tok, vocab_size: int) -> list[list[int]]:
+    """The task's prompts, tokenised; without a tokenizer, bytes folded into ids 3..vocab_size - 1."""
     if cfg.task not in TASKS:
         raise ValueError(f"unknown task {cfg.task!r}; choose from {sorted(TASKS)}")
     questions = TASKS[cfg.task](cfg.prompts, cfg.seed)
@@ -133,7 +134,7 @@ def _subject(cfg: DoctorConfig, model, tok, checkpoint: tuple[str, Path] | None 
         from aisrl.models import load_model
 
         model, tok = load_model(cfg.model)
-    prompts = _prompt_ids(cfg, tok, model.config.vocab_size)
+    prompts = _prompt_ids(cfg, tok, model.config.vocab_size if tok is None else 0)
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
     pad = tok.pad_token_id if tok is not None else model.config.pad_token_id
     eos = tok.eos_token_id if tok is not None else model.config.eos_token_id

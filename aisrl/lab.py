@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -158,6 +159,9 @@ def _cache_dir(cfg, kind: str = "lab") -> Path:
         fields["scorer_version"] = scorer
     key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
     root = Path(os.environ.get("AISRL_CACHE", Path.home() / ".cache" / "aisrl"))
+    if (root / kind / key).exists() and not (root / kind / key).is_dir():  # said before the warm start is built
+        raise FileExistsError(f"{root / kind / key} is in the way of the warm start's cache entry (a file, where a "
+                              "folder goes): delete it")  # fmt: skip
     return root / kind / key
 
 
@@ -280,8 +284,9 @@ def publish_cache(cache: Path, write) -> None:
         except OSError as e:
             if (cache / "info.json").exists():  # another process published it first
                 return
-            raise OSError(f"the warm start could not be cached at {cache} ({e}): something else is in the way; "
-                          "delete it") from e  # fmt: skip
+            warnings.warn(f"the warm start could not be cached at {cache} ({e}): something else is in the way; "
+                          "delete it, or every run builds the warm start again", stacklevel=2)  # fmt: skip
+            return
         _fsync(cache.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone after a rename; a leftover otherwise

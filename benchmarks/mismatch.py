@@ -26,9 +26,21 @@ PUBLISHED = [{}, {"preset": "lab", "prompts": 64}, {"preset": "diffusion_lab", "
              {"preset": "lab_columns", "prompts": 256}]  # BENCHMARKS.md's sections: the settings off the defaults
 
 
+def default_formats(preset: str) -> list[str]:
+    """The formats a run measures unless `formats=` is given: FORMATS for a model, LAB_FORMATS for a training preset,
+    without the KV-cache presets for a diffusion model's (no cache: the doctor refuses them)."""
+    if not preset:
+        return FORMATS
+    from aisrl.quant import quant_config
+    from aisrl.train_config import load_config
+
+    diffusion = load_config(preset).model.kind == "diffusion"
+    return [f for f in LAB_FORMATS if not (diffusion and quant_config(f).kv_cache)]
+
+
 def tagged(cfg: DoctorConfig, subject: str) -> str:
     """`subject`, with a hash of the settings where they are not those of a PUBLISHED section."""
-    default = DoctorConfig(model="smollm2", formats=LAB_FORMATS if cfg.preset else FORMATS)
+    default = DoctorConfig(model="smollm2", formats=default_formats(cfg.preset))
     changed = {k: v for k, v in asdict(cfg).items() if v != asdict(default)[k]}
     digest = settings_tag(changed, PUBLISHED)
     return f"{subject}_{digest}" if digest else subject
@@ -37,7 +49,7 @@ def tagged(cfg: DoctorConfig, subject: str) -> str:
 if __name__ == "__main__":
     cfg = apply_overrides(DoctorConfig(model="smollm2", formats=FORMATS), sys.argv[1:])
     if cfg.preset and cfg.formats == FORMATS and not any(a.startswith("formats=") for a in sys.argv[1:]):
-        cfg.formats = LAB_FORMATS
+        cfg.formats = default_formats(cfg.preset)
     if cfg.start:
         sys.exit("start=RUN:STEP examines a run's checkpoint: use `aisrl mismatch start=...` (or benchmarks/"
                  "mixed_precision.py); this script publishes the figures of a preset's or a model's initial weights")

@@ -97,6 +97,7 @@ def test_bad_branches_are_refused_before_training(run, tmp_path, capsys):
     assert "nothing to train after step 4" in err(step=4)  # the final checkpoint needs a larger max_steps
     assert len(branch_configs(BranchConfig(run=str(run), step=4, train=["max_steps=6"]))) == 3
     assert "set per branch" in err(train=["sample_salt=2"])
+    assert "sample_salt is set per branch" in err(train=[" sample_salt =2"])  # spaced: it slipped past, beside the own
     assert "distinct" in err(salts=[1, 1])
     assert "drop preset='lab'" in err(preset="lab")
     assert "unknown correction 'nope'" in err(train=["correction.name=nope"])
