@@ -8,9 +8,10 @@ naming a complete checkpoint. Weights are safetensors; optimizer and RNG state a
 
 A run also records the config it was started with (`output_dir/config.json`). Resuming with a different one
 would silently splice two experiments into one set of weights and one metrics file, so a later start checks
-the new config against the record and refuses, naming the keys that changed; only keys that cannot change the
-training (`RESUMABLE`: how long, how often to evaluate and checkpoint, where it runs) may differ, and the record
-takes their new values (a run continued to 300 steps says max_steps 300).
+the new config against the record and refuses, naming the keys that changed; only the keys of `RESUMABLE` may
+differ (how long, how often to evaluate and checkpoint, the micro-batch and where it runs: the last two change the
+updates by floating-point rounding only, and the dropout masks drawn), and the record takes their new values (a run
+continued to 300 steps says max_steps 300).
 
 It also records the weights it started from (`output_dir/start.json`: a digest of the initial state and the
 machine). The lab model's warm start is trained on first use and cached; its training is deterministic on one
@@ -46,10 +47,14 @@ def read_record(path: str | Path) -> dict:
     """One of a run's JSON records (config.json, start.json, branch.json); a ValueError naming the file when it
     does not parse (writes are atomic, so only a hand edit or another program leaves one so)."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON ({e}); restore it from a copy, or delete it to have the run "
                          "record it anew") from e  # fmt: skip
+    if not isinstance(record, dict):  # JSON, but not a record of aisrl's (a hand edit, another program)
+        raise ValueError(f"{path} holds {type(record).__name__}, not a record (a JSON object); restore it from a "
+                         "copy, or delete it to have the run record it anew")  # fmt: skip
+    return record
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -76,7 +81,8 @@ def read_jsonl(path: str | Path) -> list[dict]:
     was cut short (the run was killed, the disk filled up): it is dropped, and its step is trained again on resume.
     A bad line anywhere else is an error naming the file and line."""
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    # bytes that are not UTF-8 (a line cut inside a character, a foreign file) fail that line's parse, not the read
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.exists() else []
     rows = []
     for i, line in enumerate(lines):
         try:
@@ -121,7 +127,13 @@ def record_start(output_dir: str | Path, model) -> None:
 def run_start(run_dir: str | Path) -> str | None:
     """The digest of a run's initial weights, or None for a run that predates start.json."""
     path = Path(run_dir) / "start.json"
-    return read_record(path)["weights"] if path.exists() else None
+    if not path.exists():
+        return None
+    record = read_record(path)
+    if not isinstance(record.get("weights"), str):
+        raise ValueError(f"{path} records no digest of the initial weights ('weights'); delete it if the run has "
+                         "no checkpoint yet (it is written anew), else restore it from a copy")  # fmt: skip
+    return record["weights"]
 
 
 def same_start(a: str | Path, b: str | Path) -> bool:
@@ -318,7 +330,7 @@ def load_checkpoint(path: Path, model, optimizer, rank: int = 0) -> dict:
     load_weights(model, path / "model.safetensors")
     try:  # on the CPU: the optimizer moves its state to its parameters
         state = torch.load(path / "state.pt", weights_only=True, map_location="cpu")
-    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as e:
+    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as e:  # ValueError: damaged text
         raise _unreadable(path / "state.pt", e) from e
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"]["torch"])

@@ -154,7 +154,7 @@ def _read(cache: Path) -> dict:
         scores = json.loads(cache.read_text())
     except (OSError, ValueError):
         return {}
-    return scores if isinstance(scores, dict) else {}
+    return scores if isinstance(scores, dict) and isinstance(scores.get("settings"), dict) else {}
 
 
 def scores_of(scores: dict, ckpt: Path) -> bool:

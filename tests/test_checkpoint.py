@@ -191,3 +191,43 @@ def test_a_damaged_checkpoint_file_is_named_with_what_to_do(tmp_path, damaged):
     assert str(e.value).startswith(f"{path} cannot be read (")
     advice = "damaged or cut short. Restore it from a copy, or resume from an earlier checkpoint by writing its folder"
     assert f"{advice} name (step_NNNNNN) into {tmp_path / 'checkpoints' / 'latest'}" in str(e.value)
+
+
+def test_a_flipped_byte_in_state_pt_is_named_like_a_cut_one(tmp_path):
+    # some flips make torch.load raise a ValueError (text that is not UTF-8, an unknown byte order): it escaped the
+    # named error without its path or what to do
+    model = torch.nn.Linear(3, 2)
+    ckpt = save_checkpoint(tmp_path, 1, model, torch.optim.AdamW(model.parameters()), {})
+    path = ckpt / "state.pt"
+    orig = path.read_bytes()
+    failures = 0
+    for i in range(0, len(orig), max(1, len(orig) // 200)):
+        flipped = bytearray(orig)
+        flipped[i] ^= 0xFF
+        path.write_bytes(bytes(flipped))
+        try:
+            load_checkpoint(ckpt, model, torch.optim.AdamW(model.parameters()))
+        except ValueError as e:
+            assert str(e).startswith(f"{path} cannot be read ("), (i, str(e)[:120])
+            failures += 1
+    assert failures > 0
+
+
+def test_records_that_parse_but_are_not_records_are_named(tmp_path):
+    from aisrl.checkpoint import read_record
+
+    for text in ("null", "[]", "3"):
+        (tmp_path / "config.json").write_text(text)
+        with pytest.raises(ValueError, match=r"config.json holds \w+, not a record"):
+            read_record(tmp_path / "config.json")
+    (tmp_path / "start.json").write_text("{}")  # before: KeyError 'weights'
+    with pytest.raises(ValueError, match="start.json records no digest of the initial weights"):
+        run_start(tmp_path)
+    # a metrics file whose cut-short last line holds bytes that are not UTF-8 reads without it (before:
+    # UnicodeDecodeError); such bytes inside the file name the line
+    f = tmp_path / "metrics.jsonl"
+    f.write_bytes(b'{"step": 1}\n{"step": 2, "note": "\xc3')
+    assert read_jsonl(f) == [{"step": 1}]
+    f.write_bytes(b'{"step": 1}\n{"st\xff\n{"step": 3}\n')
+    with pytest.raises(ValueError, match="metrics.jsonl line 2 is not JSON"):
+        read_jsonl(f)

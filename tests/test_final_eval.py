@@ -81,8 +81,13 @@ def test_cached_until_the_weights_or_settings_change(tmp_path, monkeypatch):
     path = latest_checkpoint(cfg.output_dir) / "model.safetensors"
     state = load_file(path)
     save_file({k: v * 0 for k, v in state.items()}, path)  # the run re-trained: same step name, new weights
-    fe.evaluate_final(cfg.output_dir, cfg, samples=1, held_samples=1)
-    assert json.loads((tmp_path / "none" / "final_eval.json").read_text())["policy_reward"] == 1.0
+    assert fe.cached_scores(cfg.output_dir, 2) is None  # the same settings as the cache, other weights: stale
+    assert fe.evaluate_final(cfg.output_dir, hotter, samples=2, held_samples=1)["policy_reward"] == 1.0
+    assert json.loads(cache.read_text())["policy_reward"] == 1.0
+    # a file that parses but holds no settings (a hand edit) is stale, not a crash of the study's aggregation
+    cache.write_text(json.dumps({"settings": None, "policy_reward": 0.2}))
+    assert fe.cached_scores(cfg.output_dir, 2) is None
+    assert fe.evaluate_final(cfg.output_dir, hotter, samples=2, held_samples=1)["policy_reward"] == 1.0
 
 
 def test_a_run_without_checkpoint_is_an_error(tmp_path):
