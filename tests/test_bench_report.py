@@ -17,28 +17,27 @@ def test_a_section_is_replaced_in_place_and_other_text_is_kept(tmp_path):
     assert doc.read_text() == once  # idempotent
 
 
-def test_unpaired_markers_are_refused_rather_than_swallowing_text(tmp_path):
-    # a BEGIN left without its END (an edit gone wrong) would make the next rewrite replace all the text up to a
-    # later END: the file is left as it is and the error names the section
+@pytest.mark.parametrize(
+    "text, match",
+    [  # a BEGIN left without its END (an edit gone wrong) would make the next rewrite replace all the text up to a
+        # later END; markers out of order; sections interleaved (replacing a deleted b's BEGIN line, without a word)
+        ("<!-- BEGIN a -->\nhalf\n\nprose that must survive\n\n<!-- BEGIN a -->\nx\n<!-- END a -->\n",
+         "markers of section 'a' are unpaired, repeated"),
+        ("<!-- END a -->\ntext\n<!-- BEGIN a -->\n", "section 'a'"),
+        ("<!-- BEGIN a -->\n1\n<!-- BEGIN b -->\n2\n<!-- END a -->\n3\n<!-- END b -->\n",
+         "interleaved with another section's"),
+    ],
+)  # fmt: skip
+def test_markers_that_would_lose_text_are_refused_and_the_file_left_as_it_is(tmp_path, text, match):
     doc = tmp_path / "B.md"
-    broken = "<!-- BEGIN a -->\nhalf\n\nprose that must survive\n\n<!-- BEGIN a -->\nx\n<!-- END a -->\n"
-    doc.write_text(broken)
-    with pytest.raises(ValueError, match="markers of section 'a' are unpaired, repeated"):
+    doc.write_text(text)
+    with pytest.raises(ValueError, match=match):
         update_section(doc, "a", "y")
-    doc.write_text("<!-- END a -->\ntext\n<!-- BEGIN a -->\n")
-    with pytest.raises(ValueError, match="section 'a'"):
-        update_section(doc, "a", "y")
-    assert doc.read_text() == "<!-- END a -->\ntext\n<!-- BEGIN a -->\n"
+    assert doc.read_text() == text
 
 
-def test_interleaved_sections_are_refused_and_markers_quoted_in_prose_are_text(tmp_path):
+def test_markers_quoted_in_prose_are_text(tmp_path):
     doc = tmp_path / "B.md"
-    # replacing a deleted b's BEGIN line and its first lines without a word
-    tangled = "<!-- BEGIN a -->\n1\n<!-- BEGIN b -->\n2\n<!-- END a -->\n3\n<!-- END b -->\n"
-    doc.write_text(tangled)
-    with pytest.raises(ValueError, match="interleaved with another section's"):
-        update_section(doc, "a", "NEW")
-    assert doc.read_text() == tangled
     # prose that names the markers inline is not a section: the section is appended, the prose kept word for word
     prose = "See `<!-- BEGIN d -->` and `<!-- END d -->` for how sections work.\n"
     doc.write_text(prose)
