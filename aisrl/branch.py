@@ -103,7 +103,7 @@ def recorded_base(run: Path, preset: str = "") -> str:
 def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
     """(salt, TrainConfig, `aisrl train` arguments) of every branch; checks the run, the step and the settings
     before anything runs."""
-    from aisrl.config import check_once
+    from aisrl.config import check_once, override_key
     from aisrl.train_config import MAX_SALT, load_config, validate
 
     check_once(cfg.train, " in the training keys (train=[...] and bare keys)")
@@ -120,7 +120,7 @@ def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
     if not all(0 <= s < MAX_SALT for s in cfg.salts):  # each is a branch's sample_salt
         raise ValueError(f"salts must each be in [0, {MAX_SALT}), got {cfg.salts}")
     for key in ("sample_salt", "output_dir"):
-        if any(o.split("=", 1)[0].strip() == key for o in cfg.train):
+        if any(override_key(o) == key for o in cfg.train):
             raise ValueError(f"{key} is set per branch; use salts=[...] and out=... instead of {key}=...")
     base = recorded_base(run, cfg.preset)
     out = []

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from aisrl.config import override_key
+
 
 def _bench_estimator(args) -> int:
     from aisrl.bench.estimator import EstimatorBenchConfig, main
@@ -21,7 +23,7 @@ def _mismatch(args) -> int:
     from aisrl.config import apply_overrides
     from aisrl.doctor import DoctorConfig, main
 
-    keys = [k.split("=", 1)[0].strip() for k in args.overrides]
+    keys = [override_key(k) for k in args.overrides]
     if args.preset or {"preset", "start"} & set(keys):  # what these set, given anyway (even at its default), is ignored
         given = [k for k in ("model", "task", "max_new_tokens", "temperature")
                  if k in keys or getattr(args, k, None) is not None]  # fmt: skip
@@ -48,7 +50,7 @@ def _train_config(args, log=print):
 
     preset, overrides = _preset_and_overrides(args)
     cfg = load_config(preset or DEFAULT_PRESET, overrides)
-    typed = any(o.split("=", 1)[0].strip() == "output_dir" for o in overrides)
+    typed = any(override_key(o) == "output_dir" for o in overrides)
     if preset and Path(preset).name == "config.json" and not typed:
         here = Path(preset).parent
         if Path(cfg.output_dir).resolve() != here.resolve():
@@ -104,7 +106,7 @@ def _study_args(args, config_cls) -> tuple[list[str], list[str]]:
     own = {f.name for f in dataclasses.fields(config_cls)}
     training = {f.name for f in dataclasses.fields(TrainConfig)}
     for item in items:  # a misspelt study key would otherwise be refused as a training key, the study's unnamed
-        key = item.split("=", 1)[0].strip()
+        key = override_key(item)
         close = difflib.get_close_matches(key, own | training, n=1)
         if key not in own and key.split(".")[0] not in training and close:
             raise ValueError(f"unknown key {key!r}: neither a key of the study nor a training key; did you mean "

@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from aisrl.checkpoint import latest_step, read_jsonl
+from aisrl.config import override_key
 from aisrl.report import TIMES
 
 REFERENCE = "reference"
@@ -130,8 +131,8 @@ class Run:
 
     def overrides(self, cfg: CompareConfig) -> list[str]:
         method = RECIPES.get(self.method, [f"correction.name={self.method}"])
-        given = {o.split("=", 1)[0].strip() for o in cfg.train}  # a recipe key given too has the same value (plan):
-        method = [o for o in method if o.split("=", 1)[0] not in given]  # once, as `aisrl train` takes each key
+        given = {override_key(o) for o in cfg.train}  # a recipe key given too has the same value (plan): once, as
+        method = [o for o in method if override_key(o) not in given]  # `aisrl train` takes each key
         return [*cfg.train, f"seed={self.seed}", f"rollout.quant={self.fmt}", *method,
                 f"output_dir={self.path(cfg.out)}"]  # fmt: skip
 
@@ -213,7 +214,7 @@ def plan(cfg: CompareConfig) -> list[Run]:
 
     check_once(cfg.train, " in the training keys (train=[...] and bare keys)")
     for item in cfg.train:
-        key = item.split("=", 1)[0].strip()
+        key = override_key(item)
         if key in SET_PER_RUN:
             raise ValueError(
                 f"{key} is set per run by the study; choose it with {SET_PER_RUN[key]}="
@@ -223,8 +224,8 @@ def plan(cfg: CompareConfig) -> list[Run]:
     for m in cfg.methods:
         if m not in CORRECTIONS and m not in RECIPES:
             raise ValueError(f"unknown method {m!r}; choose from {sorted(CORRECTIONS) + sorted(RECIPES)}")
-        recipe = {r.split("=", 1)[0]: r for r in RECIPES.get(m, [])}
-        given = {item: recipe.get(item.split("=", 1)[0].strip()) for item in cfg.train}  # item -> the recipe's
+        recipe = {override_key(r): r for r in RECIPES.get(m, [])}
+        given = {item: recipe.get(override_key(item)) for item in cfg.train}  # item -> the recipe's
         clash = [item for item, ours in given.items() if ours is not None and not _same_setting(item, ours)]
         if clash:  # the recipe comes after the study's keys: a user's value would be overridden without a word
             sets = [given[c] for c in clash]

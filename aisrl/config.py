@@ -122,12 +122,17 @@ def field_docs(cls, prefix: str = "") -> dict[str, tuple[object, str]]:
     return out
 
 
+def override_key(item: str) -> str:
+    """The key of a `key=value` override, as apply_overrides reads it (`' lr =1e-5'` -> `'lr'`)."""
+    return item.split("=", 1)[0].strip()
+
+
 def check_once(items: list[str], where: str = "") -> None:
     """Refuse `key=value` items that give one key more than once (`lr=1e-5 ... lr=1e-6`): the last would win without a
     word. `where` names the list (`train=[...]`) in the error."""
-    keys = [item.split("=", 1)[0].strip() for item in items if "=" in item]
+    keys = [override_key(item) for item in items if "=" in item]
     if twice := sorted({k for k in keys if keys.count(k) > 1}):
-        given = " ".join(item for item in items if item.split("=", 1)[0].strip() in twice)
+        given = " ".join(item for item in items if override_key(item) in twice)
         raise ValueError(f"{', '.join(map(repr, twice))} given more than once{where} ({given}); give each key once")
 
 
@@ -137,7 +142,7 @@ def apply_overrides(cfg, overrides: list[str]):
         if "=" not in item:
             raise ValueError(f"override {item!r} must look like key=value")
         key, text = item.split("=", 1)
-        *path, last = key.strip().split(".")
+        *path, last = override_key(item).split(".")
         target = cfg
         for part in path:
             target = _field_value(target, part, key)

@@ -158,11 +158,11 @@ def _cache_dir(cfg, kind: str = "lab") -> Path:
     if lab.get("target") is not None and scorer != 1:  # the scorer decides where a band-stopped warm start stops
         fields["scorer_version"] = scorer
     key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
-    root = Path(os.environ.get("AISRL_CACHE", Path.home() / ".cache" / "aisrl"))
-    if (root / kind / key).exists() and not (root / kind / key).is_dir():  # said before the warm start is built
-        raise FileExistsError(f"{root / kind / key} is in the way of the warm start's cache entry (a file, where a "
-                              "folder goes): delete it")  # fmt: skip
-    return root / kind / key
+    entry = Path(os.environ.get("AISRL_CACHE", Path.home() / ".cache" / "aisrl")) / kind / key
+    if entry.exists() and not entry.is_dir():  # said before the warm start is built
+        raise FileExistsError(f"{entry} is in the way of the warm start's cache entry (a file, where a folder goes): "
+                              "delete it")  # fmt: skip
+    return entry
 
 
 def greedy_accuracy(model, tok: CharTokenizer, problems: list[Problem], task, max_new_tokens: int = 40) -> float:
