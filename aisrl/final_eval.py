@@ -119,8 +119,11 @@ def _settings(checkpoint: str, digest: str, cfg, samples: int, held_samples: int
         out["dataset_sha256"] = _dataset_sha256(cfg.dataset)
     if cfg.rollout.engine == "static":  # the trained model samples through an FP32 engine (scores cached before: HF)
         out["trained_sampler"] = "engine_fp32"
+    from aisrl.models import TINY
     from aisrl.tasks import TASKS
 
+    if cfg.model.name not in ("lab", "smollm2", *TINY):  # a model of the user's: a chat template with a thinking mode
+        out["prompts"] = 2  # (Qwen3) is closed in the prompt since version 2; scores cached before asked it to think
     name = cfg.lab.task if cfg.model.name == "lab" else cfg.task  # the lab trains on its own task
     for key in ("problems_version", "scorer_version"):  # the task's problems, or its judging, changed: scored again
         version = getattr(TASKS.get(name), key, 1)

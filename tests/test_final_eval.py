@@ -147,6 +147,11 @@ def test_fields_added_later_change_the_config_hash_only_away_from_their_default(
     # and one whose judging changed (countdown's version 2 takes `expr = target`): its cached scores are redone
     assert "scorer_version" not in _settings("step_000001", "w", load_config("lab"), 4, 8)
     assert _settings("step_000001", "w", load_config("lab", ["lab.task=countdown"]), 4, 8)["scorer_version"] == 2
+    # a model of the user's (its chat template may have a thinking mode, closed in prompts since version 2) is
+    # scored again once; the lab, SmolLM2 (no thinking mode) and tiny models keep their cached scores
+    assert _settings("step_000001", "w", load_config("lab", ["model.name=/models/qwen3"]), 4, 8)["prompts"] == 2
+    for name in ("lab", "smollm2", "tiny-qwen3"):
+        assert "prompts" not in _settings("step_000001", "w", load_config("lab", [f"model.name={name}"]), 4, 8)
 
 
 def test_a_nan_reward_leaves_the_mean_and_a_damaged_cache_is_scored_again(tmp_path, monkeypatch):
