@@ -9,7 +9,9 @@ same fake-quantised weights (and activation quantisation) as the rollout copy,
 so pi and mu are the same function of the same numbers (log-probs agree up to kernel and KV-cache noise),
 while gradients reach the full-precision master weights W unchanged (d q(W) / dW = I). `align_(model, cfg)`
 does this in place by re-classing each targeted nn.Linear; parameter names and state dicts are unchanged,
-so checkpoints, LoRA merging and `sync_weights` work as before.
+so checkpoints and `sync_weights` work as before. Not with LoRA: an adapter's B A path would run beside the
+aligned layer at full precision while the rollout copy quantises the merged W + B A, so `align_` refuses a peft
+model.
 
 The same layers serve a lighter use: with the trainer left at full precision, `alignment(model, True)` switches
 the rollout format on for one forward, which gives the copy's log-probs log mu_q as a differentiable function of
@@ -63,6 +65,10 @@ def align_(model: nn.Module, cfg: QuantConfig) -> nn.Module:
     (the layers `quantize_` would quantise: all but the output head unless cfg.lm_head, and those cfg.keep
     leaves in full precision). In place; aligning again replaces the earlier format everywhere (a layer the new
     `cfg` leaves out is plain again)."""
+    if any(hasattr(m, "lora_A") for m in model.modules()):  # peft's LoRA layers
+        raise ValueError("align_ needs a model without LoRA adapters: their B A path would stay in full precision "
+                         "while the rollout copy quantises W + B A; merge them first (merge_and_unload) or train "
+                         "full-parameter")  # fmt: skip
     targets = quant_targets(model, cfg)  # first: a cfg it refuses leaves the model as it was
     for mod in model.modules():
         if isinstance(mod, AlignedLinear):
@@ -86,6 +92,9 @@ def set_alignment(model: nn.Module, enabled: bool) -> None:
 def alignment(model: nn.Module, enabled: bool):
     """The aligned layers switched on (rollout format) or off (full precision) for the block, each restored after."""
     layers = [m for m in model.modules() if isinstance(m, AlignedLinear)]
+    if enabled and not layers:  # the caller would get full-precision log-probs, not the copy's
+        raise ValueError("alignment(model, True) found no aligned layer: call align_(model, cfg) with the rollout "
+                         "format first")  # fmt: skip
     before = [getattr(m, "aligned", True) for m in layers]
     set_alignment(model, enabled)
     try:

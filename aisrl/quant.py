@@ -69,12 +69,14 @@ def amax_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
 
 
 def _blocks(w: torch.Tensor, rows: int, cols: int):
-    """(O, I) -> (O/rows, rows, I/cols, cols) zero-padded view, and a function undoing it."""
+    """(O, I) -> (O/rows, rows, I/cols, cols) zero-padded view, and a function undoing it (contiguous: a padded
+    shape's slice would otherwise feed a matmul strided, whose sums then differ in the last bit between a layer
+    that stores the weight and one that quantises it on the fly)."""
     o, i = w.shape
     po, pi = -o % rows, -i % cols
     wp = nn.functional.pad(w, (0, pi, 0, po))
     b = wp.view((o + po) // rows, rows, (i + pi) // cols, cols)
-    return b, lambda t: t.reshape(o + po, i + pi)[:o, :i]
+    return b, lambda t: t.reshape(o + po, i + pi)[:o, :i].contiguous()
 
 
 def quantize_fp8(w: torch.Tensor, fmt: str = "e4m3", granularity: str = "channel", block: int = 128):

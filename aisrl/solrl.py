@@ -5,7 +5,9 @@ format, keeps the most informative samples, and trains on them at high precision
 prompt from the quantised rollout copy; per prompt the G/2 lowest-reward and G - G/2 highest-reward
 candidates are kept (the extremes carry the largest group-normalised advantages, the strongest contrast);
 they are then rescored at training precision (the old log-probs of the PPO ratio) and trained on as
-on-policy samples: no correction weights (correction.name=none), while the rollout/trainer mismatch
+on-policy samples, the G kept forming the group whose rewards normalise the advantages (the pool's mean would
+give the rare high reward of a mostly failed pool a larger advantage; the kept group is what the update sees,
+as in GRPO over G samples): no correction weights (correction.name=none), while the rollout/trainer mismatch
 metrics are still logged from the low-precision log-probs. The selection itself biases the gradient
 towards the extremes; that is the method's bet, measured in the comparison study, not corrected here.
 Extra cost: K / G times the rollout work, reported as time_rollout.

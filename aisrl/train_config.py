@@ -81,7 +81,8 @@ class RolloutConfig:
     """QaRL: the trainer's forward runs through the rollout format (straight-through to FP32 master weights)."""
     pool: int = 0
     """Sol-RL: sample this many candidates per prompt (> group_size) at the rollout format, keep the top and bottom
-    group_size/2 by reward, rescore them at training precision and train on them as on-policy (0 = off)."""
+    group_size/2 by reward, rescore them at training precision and train on them as on-policy, their advantages
+    normalised over the kept group_size (0 = off)."""
 
 
 @dataclass
@@ -423,6 +424,10 @@ def validate(cfg: TrainConfig, output: str | None = "output_dir") -> None:
     if cfg.rollout.pool and cfg.correction.name != "none":
         raise ValueError("rollout.pool (Sol-RL) trains the kept samples as on-policy: set correction.name=none "
                          "(the mismatch metrics are still logged)")  # fmt: skip
+    if cfg.rollout.pool and cfg.correction.bypass:  # on-policy only once rescored: the ratio would be pi / mu
+        raise ValueError("rollout.pool (Sol-RL) rescores the kept samples at training precision, which "
+                         "correction.bypass=true skips (its old log-probs are the rollout's): set "
+                         "correction.bypass=false")  # fmt: skip
     per_step = cfg.prompts_per_step * max(cfg.group_size, cfg.rollout.pool)
     if per_step > 4096:  # aisrl.trainer seeds row i of a step with stream * 4096 + i
         raise ValueError(f"prompts_per_step x {'rollout.pool' if cfg.rollout.pool else 'group_size'} = {per_step} "

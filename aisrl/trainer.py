@@ -355,8 +355,8 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
         results = {name: correct(name, old_logp, r.rollout_logp, r.completion_mask,
                                  **correction_options(cfg, prev_alpha, name)) for name in picked}  # fmt: skip
         res = _applied(cfg, results, picked, keep)
-        (n_err,) = all_sum(errors.sum().double())
-        res.metrics["error_token_frac"] = n_err / res.metrics["num_tokens"].clamp(min=1)
+        n_err, n_completion = all_sum(errors.sum().double(), r.completion_mask.sum().double())  # of the kept rows
+        res.metrics["error_token_frac"] = n_err / n_completion.clamp(min=1)  # (a token the trainer cannot score too)
         alpha = res.metrics["alpha"].item() if "alpha" in res.metrics else None
         measured_batch = res.metrics["num_tokens"].item() > 0  # no token the trainer could score: nothing measured
         tripped = guard.tripped(res.metrics["k3_kl"].item() if measured_batch else float("nan"))

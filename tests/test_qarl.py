@@ -166,3 +166,34 @@ def test_aligning_again_replaces_the_earlier_format_everywhere():
     x = torch.randint(3, 100, (2, 7))
     with torch.no_grad():
         assert torch.equal(model(x).logits, quantize_(base, again)(x).logits)  # the trainer computes as the copy
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3_block_w8a8", "int8_w8a8", "int4", "mxfp4_w4a4", "nvfp4_w4a4"])
+def test_an_aligned_layer_computes_exactly_as_the_rollout_copy_whatever_its_width(fmt):
+    # 200 inputs: not a multiple of MXFP4's 32 (nor NVFP4's 16, FP8 blocks' 128): padded blocks, whose unpadded slice
+    # was strided, so the matmul summed in another order than the copy's stored weight (1.2e-7 apart for MXFP4)
+    from aisrl.quant import FakeQuantLinear
+
+    torch.manual_seed(0)
+    lin, x = nn.Linear(200, 64), torch.randn(9, 200) * 3
+    rollout = FakeQuantLinear(copy.deepcopy(lin), quant_config(fmt))
+    align_(nn.Sequential(lin, nn.Linear(64, 4)), quant_config(fmt))
+    with torch.no_grad():
+        assert torch.equal(lin(x), rollout(x))
+
+
+def test_alignment_refuses_what_it_cannot_align():
+    import peft
+
+    from aisrl.models import tiny_model
+
+    model = peft.get_peft_model(tiny_model("tiny-llama"), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    # the adapters' B A path would run in full precision beside a layer the copy quantises as W + B A
+    with pytest.raises(ValueError, match="without LoRA adapters.*merge_and_unload"):
+        align_(model, quant_config("fp8_e4m3_w8a8"))
+    assert not any(isinstance(m, AlignedLinear) for m in model.modules())
+    plain = tiny_model("tiny-llama")  # switching on layers that were never aligned gave full precision, silently
+    with pytest.raises(ValueError, match=r"found no aligned layer: call align_\(model, cfg\)"), alignment(plain, True):
+        pass
+    with alignment(plain, False):  # off is what an unaligned model computes anyway
+        pass

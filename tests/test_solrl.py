@@ -1,6 +1,7 @@
 """Sol-RL selection keeps each prompt's lowest and highest rewards, and the trainer runs with it."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -65,3 +66,68 @@ def test_more_samples_a_step_than_the_seed_streams_hold_is_refused():
         validate(load_config("lab", ["prompts_per_step=258", "group_size=16"]))
     with pytest.raises(ValueError, match=r"prompts_per_step x rollout.pool = 8192"):
         validate(load_config("lab", ["prompts_per_step=256", "rollout.pool=32", "correction.name=none"]))
+
+
+def test_trainer_trains_on_each_prompts_extremes_and_counts_error_tokens_of_the_kept_rows(tmp_path, monkeypatch):
+    # the rows rescored at training precision (old log-probs) are, per prompt, the 2 lowest- and 2 highest-reward
+    # completions of its pool of 8, and error_token_frac is the flagged share of those rows' completion tokens
+    import aisrl.trainer as tr
+
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 5), False))
+    pools, scored, flagged = [], [], []
+
+    def rows(r):  # each completion as its tokens
+        return [tuple(ids[m.bool()].tolist()) for ids, m in zip(r.completion_ids, r.completion_mask, strict=True)]
+
+    real_rewards = tr.task_rewards
+
+    def task_rewards(task, tok, r, problems):
+        out = real_rewards(task, tok, r, problems)
+        if len(problems) == 32:  # a step's pool (evaluations score other sets)
+            pools.append(list(zip(rows(r), [s[0] for s in out], strict=True)))
+        return out
+
+    monkeypatch.setattr(tr, "task_rewards", task_rewards)
+    score_at = tr._score_at
+
+    def old_logp_rows(policy, model, r, *a, **k):  # the old log-probs are the call without grad (the loss's has it)
+        logp = score_at(policy, model, r, *a, **k)
+        if not torch.is_grad_enabled():
+            scored.append(rows(r))
+            logp[:, 1::4] = -math.inf  # tokens the trainer gives probability 0 (cut by its top-k, say): still tokens
+        return logp
+
+    monkeypatch.setattr(tr, "_score_at", old_logp_rows)
+    error_tokens = tr.error_tokens
+
+    def every_other(ids, mask, log_ratio):  # flags every other token of each kept completion
+        flags = torch.zeros_like(mask, dtype=torch.bool)
+        flags[:, ::2] = mask[:, ::2].bool()
+        flagged.append((flags.sum().item(), mask.sum().item()))
+        error_tokens(ids, mask, log_ratio)  # the real detector still runs on the same shapes
+        return flags
+
+    monkeypatch.setattr(tr, "error_tokens", every_other)
+    out = tmp_path / "solrl"
+    train(load_config("lab", [*TINY_LAB, "max_steps=2", "rollout.pool=8", "correction.name=none",
+                              "correction.mask_errors=true", f"output_dir={out}"]), log=lambda _: None)  # fmt: skip
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(pools) == len(scored) == 2
+    for pool, kept in zip(pools, scored, strict=True):
+        assert len(kept) == 16
+        reward = dict(pool)
+        for g in range(4):  # prompt g's 8 candidates and the 4 kept
+            values = sorted(r for _, r in pool[8 * g : 8 * g + 8])
+            assert sorted(reward[c] for c in kept[4 * g : 4 * g + 4]) == values[:2] + values[-2:]
+            assert set(kept[4 * g : 4 * g + 4]) <= {c for c, _ in pool[8 * g : 8 * g + 8]}
+    for row, (n_flagged, n_tokens) in zip(metrics, flagged, strict=True):
+        assert 0 < n_flagged < n_tokens
+        assert row["error_token_frac"] == pytest.approx(n_flagged / n_tokens)  # not over the tokens the loss keeps
+
+
+def test_solrl_refuses_bypass():
+    from aisrl.train_config import validate
+
+    with pytest.raises(ValueError, match="rescores the kept samples at training precision.*correction.bypass=false"):
+        validate(load_config("lab", ["rollout.pool=16", "correction.name=none", "correction.bypass=true"]))
