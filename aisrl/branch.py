@@ -4,10 +4,10 @@ Why: when a low-precision run fails late (held-out accuracy falls while the roll
 the run alone cannot say what caused it. Was the state its weights had reached already fragile, or did the
 rollouts after that point break it? And was it bad luck in the samples? A branch answers such questions by
 experiment. It copies the run's checkpoint at `step` into a new run folder and trains on from there. The
-prompts are those of the run; the sampling seeds are shifted by `sample_salt` (salt 0 replays the run's own
-continuation exactly, as a resume does). Optionally, any setting changes too. For two runs of one seed, say a
-full-precision run A and an FP8 run B (each trained with a checkpoint at step 80 kept: checkpoint_every=20, or
-keep_checkpoints=0), four sets of branches separate the causes:
+prompts are those of the run; salt k adds k to the run's `sample_salt`, which shifts the sampling seeds (salt 0
+replays the run's own continuation exactly, as a resume does, a branch's too). Optionally, any setting changes
+too. For two runs of one seed, say a full-precision run A and an FP8 run B (each trained with a checkpoint at
+step 80 kept: checkpoint_every=20, or keep_checkpoints=0), four sets of branches separate the causes:
 
     aisrl branch run=runs/x/reference/seed11 step=80 "salts=[1,2,3]"                   # A's state, A's rollouts
     aisrl branch run=runs/x/fp8_e4m3_w8a8/ais/seed11 step=80 "salts=[1,2,3]"          # B's state, B's rollouts
@@ -24,19 +24,23 @@ before runs recorded their config needs its preset and overrides instead. `out/b
 the held-out greedy accuracy at the branch point and at the end, its training accuracy and the mismatch (k3 KL)
 over the branch's steps. A branch *falls* when its final held-out accuracy is `fall` or more below the accuracy at
 the branch point; a branch whose settings give another held-out set (seed=, eval_problems=, the task's) reports
-no change. A branch the trainer refuses (a setting its checkpoint cannot take) leaves no copy behind.
+no change; a later call with other salts adds its branches to the file. A branch the trainer refuses (a setting its
+checkpoint cannot take) leaves no copy behind, only its train.log. A branch that started resumes without the run's
+checkpoint (a run still training drops it after `keep_checkpoints` newer ones), and the run and its branches folder
+can move together. The branch's TensorBoard log holds the run's steps before the branch point too.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from aisrl.checkpoint import atomic_write_text, latest_step, read_record, saved_weights
+from aisrl.checkpoint import OtherModelError, atomic_write_text, latest_step, read_record, saved_weights
 from aisrl.compare import run_rows
 
 
@@ -48,7 +52,8 @@ class BranchConfig:
     """The checkpoint every branch starts from (a step the run saved and kept: see its checkpoints/ folder; a run
     keeps its latest `keep_checkpoints`, 2 by default)."""
     salts: list[int] = field(default_factory=lambda: [1, 2, 3])
-    """One branch per salt, each drawing other samples from the same state; 0 replays the run's own continuation."""
+    """One branch per salt, each drawing other samples from the same state: a branch's sample_salt is the run's plus
+    its salt, so 0 replays the run's own continuation."""
     out: str = ""
     """Folder of the branches; default RUN/branches/step<step>, followed by the training overrides if any."""
     preset: str = ""
@@ -110,7 +115,8 @@ def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
     run = Path(cfg.run)
     if not cfg.run or not run.is_dir():
         raise ValueError(f"run={cfg.run!r} is not a run folder; pass run=DIR, a folder `aisrl train` wrote")
-    saved_weights(run, cfg.step, resumable=True)  # a step without a whole checkpoint: the error lists the saved ones
+    if any(not (_out(cfg) / f"salt{s}" / "checkpoints" / "latest").is_file() for s in cfg.salts):  # a new branch
+        saved_weights(run, cfg.step, resumable=True)  # copies the checkpoint; the error lists the saved ones
     if cfg.jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {cfg.jobs}")
     if not 0 < cfg.fall <= 1:
@@ -123,9 +129,13 @@ def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
         if any(override_key(o) == key for o in cfg.train):
             raise ValueError(f"{key} is set per branch; use salts=[...] and out=... instead of {key}=...")
     base = recorded_base(run, cfg.preset)
+    own = load_config(base, []).sample_salt  # the run's own draws: a branch of a branch replays it at salt 0
+    if own + max(cfg.salts) >= MAX_SALT:
+        raise ValueError(f"the run's sample_salt {own} plus salt {max(cfg.salts)} is past {MAX_SALT - 1}; use "
+                         "smaller salts")  # fmt: skip
     out = []
     for salt in cfg.salts:
-        args = [base, *cfg.train, f"sample_salt={salt}", f"output_dir={_out(cfg) / f'salt{salt}'}"]
+        args = [base, *cfg.train, f"sample_salt={own + salt}", f"output_dir={_out(cfg) / f'salt{salt}'}"]
         tc = load_config(args[0], args[1:])
         validate(tc, output="out")
         if tc.max_steps <= cfg.step:
@@ -136,8 +146,9 @@ def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
     return out
 
 
-def _branch_point(run: Path, step: int) -> dict:
-    return {"run": str(run.resolve()), "step": step}
+def _branch_point(run: Path, step: int, dst: Path) -> dict:
+    """branch.json: the run (its path, and its path from the branch, which holds when both move together) and step."""
+    return {"run": str(run.resolve()), "step": step, "run_from_branch": os.path.relpath(run.resolve(), dst.resolve())}
 
 
 def _check_branch_point(run: Path, step: int, dst: Path) -> None:
@@ -146,9 +157,10 @@ def _check_branch_point(run: Path, step: int, dst: Path) -> None:
     if not record.is_file():
         return
     was = read_record(record)
-    if was != _branch_point(run, step):
-        raise ValueError(f"{dst} was branched from {was['run']} at step {was['step']}, not {run.resolve()} at step "
-                         f"{step}; use another out=, or delete {dst} to branch again")  # fmt: skip
+    paths = [Path(was.get("run", ""))] + ([dst / was["run_from_branch"]] if "run_from_branch" in was else [])
+    if was.get("step") != step or not any(p.resolve() == run.resolve() for p in paths):
+        raise ValueError(f"{dst} was branched from {was.get('run')} at step {was.get('step')}, not {run.resolve()} "
+                         f"at step {step}; use another out=, or delete {dst} to branch again")  # fmt: skip
 
 
 def start_from_checkpoint(run: Path, step: int, dst: Path) -> bool:
@@ -162,7 +174,7 @@ def start_from_checkpoint(run: Path, step: int, dst: Path) -> bool:
     atomic_write_text(dst / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
     if (run / "start.json").is_file():  # a branch starts, in the end, from the weights its run started from
         shutil.copyfile(run / "start.json", dst / "start.json")
-    atomic_write_text(dst / "branch.json", json.dumps(_branch_point(run, step)))
+    atomic_write_text(dst / "branch.json", json.dumps(_branch_point(run, step, dst)))
     atomic_write_text(dst / "checkpoints" / "latest", src.name)
     return True
 
@@ -226,28 +238,37 @@ def run_branches(cfg: BranchConfig, log=print) -> dict:
     if changed:
         log(f"branch: the branches evaluate on another held-out set than the run's ({'; '.join(changed)}), so no "
             "change of held-out accuracy (and no fall) is reported")  # fmt: skip
-    started = [Path(tc.output_dir) for _, tc, _ in plans if start_from_checkpoint(Path(cfg.run), cfg.step,
-                                                                                   Path(tc.output_dir))]  # fmt: skip
+    started = []  # the folders this call copies the checkpoint into: taken back if the branches cannot train
     try:
+        for _, tc, _ in plans:
+            if not (Path(tc.output_dir) / "checkpoints" / "latest").is_file():
+                started.append(Path(tc.output_dir))
+                start_from_checkpoint(Path(cfg.run), cfg.step, Path(tc.output_dir))
         if cfg.jobs == 1:
             for salt, tc, _ in plans:
                 log(f"branch: salt {salt} in {tc.output_dir}")
-                train(tc, log=lambda _: None)
+                train(tc, log=lambda m, salt=salt: log(f"branch salt {salt}: {m}"))
         else:
             runs = [(f"salt {salt}", args, Path(tc.output_dir)) for salt, tc, args in plans]
             train_subprocesses(runs, cfg.jobs, lambda m: log(f"branch: {m}"))
-    except Exception:  # a setting the trainer refuses (another model's weights, say): take back the copies made
+    except Exception as e:  # a setting the trainer refuses (another model's weights, say): take back the copies made
         for dst in started:
-            if latest_step(dst) == cfg.step:  # nothing trained past the copied checkpoint
-                shutil.rmtree(dst, ignore_errors=True)
+            if latest_step(dst) in (None, cfg.step):  # nothing trained past the copied checkpoint (or not copied)
+                _take_back(dst)
         if out.is_dir() and not any(out.iterdir()):
             out.rmdir()
+        if isinstance(e, OtherModelError):
+            which = _model_changes(Path(cfg.run), plans[0][2][0], plans[0][1])
+            raise OtherModelError(f"the branches build another model than {cfg.run}'s checkpoint holds{which}: a "
+                                  "branch continues the run's weights, so it keeps the settings that shape them "
+                                  f"({e})") from e  # fmt: skip
         raise
     results = {str(salt): summarize_branch(run_rows(Path(tc.output_dir)), cfg.step, cfg.fall, not changed)
                for salt, tc, _ in plans}  # fmt: skip
+    results = {**_earlier_branches(out / "branches.json", cfg), **results}
     changes = [r["eval_change"] for r in results.values() if r["eval_change"] is not None]
     result = {
-        "config": asdict(cfg),
+        "config": {**asdict(cfg), "salts": sorted(int(k) for k in results)},
         "branches": results,
         "eval_change_mean": statistics.fmean(changes) if changes else None,
         "fell": sum(bool(r["fell"]) for r in results.values()),
@@ -255,6 +276,42 @@ def run_branches(cfg: BranchConfig, log=print) -> dict:
     }
     atomic_write_text(out / "branches.json", json.dumps(result, indent=1))
     return result
+
+
+def _take_back(dst: Path) -> None:
+    """Remove a branch folder's copy of the checkpoint and records, keeping its train.log (a subprocess's error)."""
+    for child in dst.iterdir() if dst.is_dir() else ():
+        if child.name != "train.log":
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    if dst.is_dir() and not any(dst.iterdir()):
+        dst.rmdir()
+
+
+def _model_changes(run: Path, base: str, branch) -> str:
+    """' (key: old -> new; ...)' for the model.*, lab.* and lora.* keys a branch changes, '' without a record."""
+    import dataclasses
+
+    from aisrl.checkpoint import config_changes
+    from aisrl.train_config import load_config
+
+    if base != str(run / "config.json"):
+        return ""
+    changes = config_changes(dataclasses.asdict(load_config(base, [])), dataclasses.asdict(branch), free=())
+    keys = [c for c in changes if c.startswith(("model.", "lab.", "lora."))]
+    return f" ({'; '.join(keys)})" if keys else ""
+
+
+def _earlier_branches(path: Path, cfg: BranchConfig) -> dict:
+    """The branches an earlier call with the same run, step and settings recorded in `path` (other salts): kept, so
+    branches.json holds every branch of the folder."""
+    try:
+        earlier = read_record(path)
+    except (FileNotFoundError, ValueError):  # none yet, or damaged: this call's branches only
+        return {}
+    same = ("run", "step", "train", "preset", "fall")
+    if any(earlier.get("config", {}).get(k) != asdict(cfg)[k] for k in same):
+        return {}
+    return {k: v for k, v in earlier.get("branches", {}).items() if (path.parent / f"salt{k}").is_dir()}
 
 
 def table(result: dict) -> str:

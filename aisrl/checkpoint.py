@@ -306,6 +306,11 @@ def _unreadable(path: Path, e: Exception) -> ValueError:
                       f"{path.parent.parent / 'latest'}")  # fmt: skip
 
 
+class OtherModelError(ValueError):
+    """A checkpoint holds the tensors of another model than the one the config builds (missing, unexpected or
+    mis-shaped ones)."""
+
+
 def load_weights(model, weights: Path) -> None:
     """Load a checkpoint's model.safetensors into `model`; a ValueError naming the settings to check when it holds
     another model's tensors (missing, unexpected or mis-shaped ones), or saying that the file is damaged."""
@@ -319,9 +324,9 @@ def load_weights(model, weights: Path) -> None:
         lines = str(e).strip().splitlines()
         what = (lines[1] if len(lines) > 1 else lines[0]).strip()
         what = what if len(what) <= 200 else what[:200] + "..."
-        raise ValueError(f"{weights.parent} holds weights of another model than this config builds ({what}): the "
-                         "model.*, lora.* or lab.* settings differ from the run's; pass the run's settings (or, "
-                         "when resuming, pick a new output_dir)") from e  # fmt: skip
+        raise OtherModelError(f"{weights.parent} holds weights of another model than this config builds ({what}): "
+                              "the model.*, lora.* or lab.* settings differ from the run's; pass the run's settings "
+                              "(or, when resuming, pick a new output_dir)") from e  # fmt: skip
 
 
 def load_checkpoint(path: Path, model, optimizer, rank: int = 0) -> dict:

@@ -22,7 +22,18 @@ import torch
 
 
 def as_numbers(row: dict) -> dict:
-    return {k: (v.item() if torch.is_tensor(v) else v) for k, v in row.items()}
+    """The row with each tensor (or numpy number) as a Python number; a metric of more than one value is an error
+    naming it (a per-token tensor logged unreduced, say), before anything is written."""
+    out = {}
+    for k, v in row.items():
+        if torch.is_tensor(v) or (hasattr(v, "item") and hasattr(v, "size")):  # torch or numpy
+            n = v.numel() if torch.is_tensor(v) else v.size
+            if n != 1:
+                raise ValueError(f"metric {k!r} holds {n} values (shape {tuple(v.shape)}); a metric is one number: "
+                                 "reduce it (mean, sum) before logging")  # fmt: skip
+            v = v.item()
+        out[k] = v
+    return out
 
 
 def step_line(row: dict, max_steps: int) -> str:
@@ -55,8 +66,16 @@ class Tracker:
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            _after_earlier_event_files(Path(out) / "tensorboard")
-            self.tb = SummaryWriter(log_dir=str(Path(out) / "tensorboard"), purge_step=start + 1)
+            folder = Path(out) / "tensorboard"
+            fresh = not any(folder.glob("events.out.tfevents.*"))
+            _after_earlier_event_files(folder)
+            self.tb = SummaryWriter(log_dir=str(folder), purge_step=start + 1)
+            if fresh and start > 0:  # steps logged without events (a branch's copied rows, a deleted folder): replayed
+                from aisrl.checkpoint import read_jsonl
+
+                for row in read_jsonl(self.path):
+                    if row.get("step", start + 1) <= start:
+                        self._scalars(row)
         except ImportError:
             pass
         self.bar = None
@@ -77,10 +96,7 @@ class Tracker:
             f.write(json.dumps(row) + "\n")
             f.flush()
             os.fsync(f.fileno())  # on disk before a checkpoint of this step can be: no gap after a power loss
-        if self.tb is not None:
-            for k, v in row.items():
-                if isinstance(v, (int, float)) and k != "step" and v is not None:
-                    self.tb.add_scalar(k, v, row["step"])
+        self._scalars(row)
         if self.bar is not None:
             alpha = f" alpha {row['alpha']:.2f}" if row.get("alpha") is not None else ""
             desc = f"reward {row['reward']:.3f} acc {row['accuracy']:.2f}{alpha} kl {row['k3_kl']:.4f}"
@@ -88,6 +104,12 @@ class Tracker:
         else:
             self.log(step_line(row, self.max_steps))
         return row
+
+    def _scalars(self, row: dict) -> None:
+        if self.tb is not None:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self.tb.add_scalar(k, v, row["step"])
 
     def close(self) -> None:
         """Flush and close TensorBoard and stop the progress bar; closing again does nothing."""

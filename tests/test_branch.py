@@ -51,8 +51,13 @@ def test_salt_zero_replays_the_run_and_another_salt_draws_other_samples(run, tmp
     assert s0["steps"] == 2 and s0["k3_kl_max"] == max(a[2]["k3_kl"], a[3]["k3_kl"])
     # a second call resumes the finished branches instead of training them again
     before = (tmp_path / "b" / "salt1" / "metrics.jsonl").read_text()
-    run_branches(BranchConfig(run=str(run), step=2, salts=[1], out=str(tmp_path / "b")), log=lambda _: None)
+    logs = []
+    again = run_branches(BranchConfig(run=str(run), step=2, salts=[1], out=str(tmp_path / "b")), logs.append)
     assert (tmp_path / "b" / "salt1" / "metrics.jsonl").read_text() == before
+    assert any(x.startswith("branch salt 1: ") and "already at step 4 (max_steps=4)" in x for x in logs)  # was silent
+    # branches.json keeps the branch of salt 0 that the earlier call made (it held this call's salts only)
+    assert set(again["branches"]) == {"0", "1"} and again["config"]["salts"] == [0, 1]
+    assert json.loads((tmp_path / "b" / "branches.json").read_text())["branches"]["0"] == saved["branches"]["0"]
     # the same folder asked to branch from another step is refused, not silently resumed from step 2
     other = BranchConfig(run=str(run), step=4, salts=[1], out=str(tmp_path / "b"), train=["max_steps=6"])
     with pytest.raises(ValueError, match=r"salt1 was branched from .*run at step 2, not .*run at step 4; use another"):
@@ -194,7 +199,8 @@ def test_a_branch_the_trainer_refuses_leaves_no_copy_behind(run, tmp_path):
     """The checkpoint is copied into every branch folder before training; a setting only the trainer can judge
     (here a LoRA rank the run's weights do not have) left those copies (tens of GB on the GPU presets) in place."""
     out = tmp_path / "b"
-    with pytest.raises(ValueError, match="holds weights of another model"):
+    with pytest.raises(ValueError, match=r"the branches build another model than .*run's checkpoint holds "
+                       r"\(lora.r: 0 -> 4\).*holds weights of another model"):  # the key named, not a tensor only
         run_branches(BranchConfig(run=str(run), step=2, salts=[1, 2], out=str(out), train=["lora.r=4"]), print)
     assert not out.exists()
     # a branch that trained past its copy keeps its work; only the copies this call made are taken back
@@ -252,3 +258,57 @@ def test_a_branch_folder_named_past_a_file_systems_limit_ends_in_a_hash(tmp_path
     assert long != other and not long.exists()  # a name the file system takes, one per set of overrides
     short = _out(BranchConfig(run=str(tmp_path), step=2, train=["rollout.quant=none"]))
     assert short == tmp_path / "branches" / "step2_rollout.quant=none"  # names that fit stay as they were
+
+
+def test_a_branch_of_a_branch_replays_it_at_salt_zero(run, tmp_path):
+    """A branch's salt adds to the run's own sample_salt: salt 0 set it to 0, which drew new samples from a branch
+    (sample_salt 1) instead of replaying it."""
+    run_branches(BranchConfig(run=str(run), step=2, salts=[1], out=str(tmp_path / "b"), train=["max_steps=6"]),
+                 log=lambda _: None)  # fmt: skip
+    child = tmp_path / "b" / "salt1"
+    res = run_branches(BranchConfig(run=str(child), step=4, salts=[0, 1], out=str(tmp_path / "c")), log=lambda _: None)
+    assert [untimed(r) for r in rows(tmp_path / "c" / "salt0")] == [untimed(r) for r in rows(child)]
+    assert json.loads((tmp_path / "c" / "salt1" / "config.json").read_text())["sample_salt"] == 2
+    assert rows(tmp_path / "c" / "salt1")[4]["loss"] != rows(child)[4]["loss"] and res["config"]["salts"] == [0, 1]
+
+
+def test_a_started_branch_resumes_after_its_run_dropped_the_checkpoint_and_moved(run, tmp_path):
+    """A run still training drops the branch point's checkpoint after keep_checkpoints newer ones: a branch that had
+    copied it could not resume. And branch.json named the run by its absolute path, so a runs tree moved as a whole
+    left its branches unresumable."""
+    import aisrl.branch as branch
+
+    cfg = BranchConfig(run=str(run), step=2, salts=[1])  # out: run/branches/step2
+    (salt1,) = [branch._out(cfg) / "salt1"]
+    assert start_from_checkpoint(run, 2, salt1)  # copied, then interrupted before its first step
+    shutil.rmtree(run / "checkpoints" / "step_000002")
+    moved = tmp_path / "moved"
+    run.rename(moved)
+    res = run_branches(BranchConfig(run=str(moved), step=2, salts=[1]), log=lambda _: None)
+    assert res["branches"]["1"]["steps"] == 2 and [r["step"] for r in rows(moved / "branches" / "step2" / "salt1")] == [
+        1, 2, 3, 4]  # fmt: skip
+    with pytest.raises(ValueError, match="has no checkpoint at step 2"):  # a new branch still needs it
+        branch_configs(BranchConfig(run=str(moved), step=2, salts=[2]))
+
+
+def test_a_failed_copy_takes_back_every_copy_and_a_refused_branch_keeps_its_log(run, tmp_path, monkeypatch):
+    from aisrl.branch import _take_back
+
+    copies, real = [], shutil.copytree
+
+    def full_disk(src, dst, **kw):
+        copies.append(dst)
+        if len(copies) == 2:
+            raise OSError(28, "No space left on device")
+        return real(src, dst, **kw)
+
+    monkeypatch.setattr(shutil, "copytree", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        run_branches(BranchConfig(run=str(run), step=2, salts=[1, 2], out=str(tmp_path / "b")), log=lambda _: None)
+    assert len(copies) == 2 and not (tmp_path / "b").exists()  # the first copy, which had succeeded, is gone too
+    # a branch a subprocess refused: its copy goes, the train.log the error points to stays
+    dst = tmp_path / "c" / "salt1"
+    start_from_checkpoint(run, 2, dst)
+    (dst / "train.log").write_text("ValueError: why\n")
+    _take_back(dst)
+    assert [p.name for p in dst.iterdir()] == ["train.log"]

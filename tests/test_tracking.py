@@ -46,4 +46,50 @@ def test_a_resume_opens_its_event_file_in_a_later_second_than_the_earlier_starts
     ahead = tmp_path / "ahead"  # a file stamped far ahead (another machine's clock) is not waited for
     (ahead / "tensorboard").mkdir(parents=True)
     (ahead / "tensorboard" / f"events.out.tfevents.{now + 10**6}.h.1.0").write_bytes(b"")
+    t0 = time.time()
     Tracker(ahead, max_steps=3, start=0, log=lambda _: None, progress=False).close()
+    assert time.time() - t0 < 5  # waiting for that second would take 11 days
+
+
+def _scalars(folder, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder / "tensorboard"))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_tensorboard_gets_each_step_and_the_steps_a_branch_copied(tmp_path):
+    import pytest
+
+    pytest.importorskip("tensorboard")
+    t = Tracker(tmp_path / "run", max_steps=3, start=0, log=lambda _: None, progress=False)
+    for step in (1, 2):
+        t.log_step({**ROW, "step": step, "reward": torch.tensor(0.5 * step), "k3_kl": float("nan")})
+    t.close()
+    assert _scalars(tmp_path / "run", "reward") == [(1, 0.5), (2, 1.0)]
+    # a branch starts from copied metrics rows and no event file: its TensorBoard shows the steps before the branch
+    # point too (it began at the branch point), and a resume of a folder that has events adds none twice
+    branch = tmp_path / "branch"
+    branch.mkdir()
+    (branch / "metrics.jsonl").write_text((tmp_path / "run" / "metrics.jsonl").read_text())
+    for folder in (branch, tmp_path / "run"):
+        t = Tracker(folder, max_steps=3, start=2, log=lambda _: None, progress=False)
+        t.log_step({**ROW, "step": 3, "reward": torch.tensor(2.0)})
+        t.close()
+        assert _scalars(folder, "reward") == [(1, 0.5), (2, 1.0), (3, 2.0)]
+
+
+def test_a_metric_of_several_values_is_named_before_anything_is_written(tmp_path):
+    import numpy as np
+    import pytest
+
+    t = Tracker(tmp_path, max_steps=3, start=0, log=lambda _: None, progress=False)
+    with pytest.raises(ValueError, match=r"metric 'per_token' holds 3 values \(shape \(3,\)\).*reduce it"):
+        t.log_step({**ROW, "per_token": torch.ones(3)})
+    with pytest.raises(ValueError, match=r"metric 'hist' holds 2 values"):
+        t.log_step({**ROW, "hist": np.zeros(2)})
+    out = t.log_step({**ROW, "np_mean": np.float32(0.5)})  # a numpy number is a number (was not JSON)
+    t.close()
+    assert out["np_mean"] == 0.5 and type(out["np_mean"]) is float
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
