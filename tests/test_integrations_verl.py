@@ -160,10 +160,16 @@ def test_the_weights_are_checked_on_the_first_calls_only(stub_verl):
     old, rollout, logp, adv, mask, w = batch(2)
     fn(old, logp, adv, mask, "token-mean", CFG, w)
     fn(old, logp, adv, mask, "token-mean", CFG, w.clamp(max=w[mask].max() * 0.99))  # tied, but below the maximum
+    top = w[mask].max()
     for seed in range(10, 10 + CHECKED_CALLS):  # other micro-batches: raw maxima of their own
         o, _, lp, a, m, ww = batch(seed)
         fn(o, lp, a, m, "token-mean", CFG, ww)
-    fn(old, logp, adv, mask, "token-mean", CFG, w.clamp(max=1.05))  # would read as truncated among the first calls
+        top = max(top, ww[m].max())
+    tied = w.clone()
+    tied[0, :3] = 2 * top  # three tokens tied above every weight seen: read as a threshold among the first calls
+    with pytest.raises(ValueError, match="truncated"):
+        make_policy_loss("tis", cap=2.0)(old, logp, adv, mask, "token-mean", CFG, tied)
+    fn(old, logp, adv, mask, "token-mean", CFG, tied)  # past them, not judged
     with pytest.raises(ValueError, match="no rollout_is_weights"):
         fn(old, logp, adv, mask, "token-mean", CFG, None)
 
@@ -222,6 +228,59 @@ def test_a_micro_batch_that_keeps_no_token_has_loss_0_not_nan(stub_verl, agg):
             assert metrics["aisrl/mask_frac_token" if name == "icepop" else "aisrl/nonfinite_frac"] == 1.0
             assert loss.item() == 0.0 and loss.requires_grad  # before: NaN, which verl logs as the step's pg_loss
             assert torch.equal(torch.autograd.grad(loss, logp)[0], torch.zeros_like(logp))
+
+
+def _older_verl_agg_loss(loss_mat, loss_mask, loss_agg_mode, **info):
+    """agg_loss as some verl releases fall back without global counts: every sequence of the micro-batch counts (a
+    wholly rejected one too), and a sequence's token mean divides by its own mask (0/0 for a rejected one)."""
+    mask = loss_mask.to(loss_mat.dtype)
+    if loss_agg_mode == "token-mean":
+        return (loss_mat * mask).sum() / mask.sum()
+    per_seq = (loss_mat * mask).sum(-1)
+    return (per_seq / mask.sum(-1) if loss_agg_mode == "seq-mean-token-mean" else per_seq).mean()
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_without_global_counts_the_loss_is_the_aisrl_loss_whatever_verls_fallback(stub_verl, agg, monkeypatch):
+    """The legacy path passes no global counts; what verl's agg_loss then divides by differs between releases. The
+    adapter aggregates over the kept tokens and sequences itself: the aisrl trainer's loss, with an older fallback
+    in place too (which gave 1/6 of it for seq_mask here, or NaN)."""
+    import sys
+
+    monkeypatch.setattr(sys.modules["verl.trainer.ppo.core_algos"], "agg_loss", _older_verl_agg_loss)
+    old, rollout, logp, adv, mask, w = batch(5)
+    loss, metrics = make_policy_loss("seq_mask", low=0.7, high=1.4)(old, logp, adv, mask, agg, CFG, w)
+    res = correct("seq_mask", old, rollout, mask, low=0.7, high=1.4)
+    assert 0 < metrics["aisrl/mask_frac_seq"] < 1  # some sequences rejected whole, not all
+    expect, _ = grpo_loss(logp, old, adv, res.mask, weights=res.weights, clip=(0.2, 0.28), dual_clip=3.0, agg=agg)
+    assert torch.allclose(loss, expect, atol=1e-6, rtol=1e-5), (loss, expect)
+    assert torch.allclose(torch.autograd.grad(loss, logp)[0], torch.autograd.grad(expect, logp)[0], atol=1e-6)
+
+
+def test_a_missing_verl_and_a_broken_one_are_told_apart(tmp_path, monkeypatch):
+    """Any ImportError read as 'pip install verl', though verl pins its own transformers: an installed verl whose
+    import fails on a dependency got advice that could not help."""
+    import sys
+
+    for name in [m for m in sys.modules if m == "verl" or m.startswith("verl.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "verl", None)  # not installed
+    with pytest.raises(ImportError, match=r"^aisrl.integrations.verl.install\(\) needs verl: pip install verl$"):
+        install()
+    monkeypatch.delitem(sys.modules, "verl")
+    pkg = tmp_path / "verl" / "trainer" / "ppo"
+    pkg.mkdir(parents=True)
+    for folder in (tmp_path / "verl", tmp_path / "verl" / "trainer", pkg):
+        (folder / "__init__.py").write_text("")
+    (pkg / "core_algos.py").write_text("from transformers import NoSuchThingInThisVersion\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(ImportError, match=r"verl is installed but does not import \(ImportError: cannot import "
+                                              r"name 'NoSuchThingInThisVersion'.*pip check"):  # fmt: skip
+            install()
+    finally:  # the fake package's modules, imported above, must not stand in for verl in later tests
+        for name in [m for m in sys.modules if m == "verl" or m.startswith("verl.")]:
+            del sys.modules[name]
 
 
 def test_verl_external_module_hook_registers_the_losses(tmp_path, verl_algos):

@@ -52,8 +52,11 @@ import torch
 
 try:
     from trl import GRPOTrainer
-except ImportError as e:  # pragma: no cover - exercised only without trl
-    raise ImportError("aisrl.integrations.trl needs TRL: pip install 'aisrl[trl]' (or pip install trl)") from e
+except ImportError as e:  # not installed, or broken: each named
+    from aisrl.integrations import import_error
+
+    fix = "aisrl.integrations.trl needs TRL: pip install 'aisrl[trl]' (or pip install trl)"
+    raise import_error(e, "trl", fix) from e
 
 from aisrl.correction import CORRECTIONS, check_options, correct
 from aisrl.diagnostics import prepare

@@ -49,7 +49,9 @@ Loss denominators under rejection (icepop, seq_mask, geo_mask, k*_reject, veto=)
 tokens out of the loss and out of its denominators (aisrl.update: mask=res.mask). Here the kept-token mask goes to
 verl's `agg_loss`, but what it divides by depends on verl's path:
 - no global batch information (verl's legacy dp_actor path, `global_batch_info` empty): the micro-batch's kept
-  tokens (token-mean) or kept sequences (seq-mean-*), as in the aisrl trainer;
+  tokens (token-mean) or kept sequences (seq-mean-token-mean, seq-mean-token-sum), as in the aisrl trainer; the
+  adapter aggregates these itself (aisrl.losses' aggregation, on this rank), since verl's fallback differs between
+  releases (some count every sequence, a wholly rejected one too); seq-mean-token-sum-norm goes to verl's agg_loss;
 - verl >= 0.7's model-engine path (`global_batch_info` = dp_size, batch_num_tokens, global_batch_size): verl counted
   those from its own response mask before the correction ran, so rejected tokens and wholly rejected sequences stay
   in them: the loss, and the step, are the aisrl trainer's times the kept fraction, tokens kept / batch_num_tokens for
@@ -78,7 +80,7 @@ import torch
 from aisrl.correction import CORRECTIONS, check_options, correct
 from aisrl.diagnostics import LOG_RATIO_CLAMP
 from aisrl.dist import local_only
-from aisrl.losses import clipped_surrogate
+from aisrl.losses import _masked_aggregate, clipped_surrogate
 
 REQUIRED_SETTINGS = (
     "algorithm.rollout_correction.rollout_is=token",
@@ -219,12 +221,17 @@ def make_policy_loss(name: str, **options):
                                                                 cfg.get("clip_ratio_c", 3.0))  # fmt: skip
         pg = pg * torch.where(keep, res.weights.detach().to(pg.dtype), 0.0)  # (N, T)
         info = getattr(config, "global_batch_info", None) or (cfg.get("global_batch_info") or {})
-        # verl's legacy path passes no global counts (and its model-engine path may pass them as None); agg_loss then
-        # divides by this micro-batch's: 0/0 where it kept no token (a rejecting correction, unscorable log-probs);
-        # its loss is then 0, with the graph kept
         count = "batch_num_tokens" if loss_agg_mode == "token-mean" else "global_batch_size"
-        counted = info.get(count) is not None
-        loss = agg_loss(pg, keep, loss_agg_mode, **info) if counted or keep.any() else (pg * 0).sum()
+        if info.get(count) is not None:  # verl's global counts (its model-engine path)
+            loss = agg_loss(pg, keep, loss_agg_mode, **info)
+        elif loss_agg_mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+            # no global counts (the legacy path; the model-engine path may pass None): over this micro-batch's kept
+            # tokens and sequences, as the aisrl trainer, here rather than by verl's fallback, which in some releases
+            # counts every sequence (a rejected one too) or divides a rejected sequence's 0 by 0; 0 if none is kept
+            with local_only():
+                loss = _masked_aggregate(pg, keep, loss_agg_mode, None)
+        else:  # seq-mean-token-sum-norm: verl's own horizon (loss_scale_factor); 0, with the graph, if none is kept
+            loss = agg_loss(pg, keep, loss_agg_mode, **info) if keep.any() else (pg * 0).sum()
         if "alpha" in res.metrics and res.metrics["num_tokens"].item() > 0:  # an unscored batch measured nothing
             state["prev_alpha"] = res.metrics["alpha"].item()
         n = keep.sum().clamp(min=1)
@@ -243,7 +250,9 @@ def install(options: dict[str, dict] | None = None) -> list[str]:
     try:
         from verl.trainer.ppo import core_algos
     except ImportError as e:
-        raise ImportError("aisrl.integrations.verl.install() needs verl: pip install verl") from e
+        from aisrl.integrations import import_error
+
+        raise import_error(e, "verl", "aisrl.integrations.verl.install() needs verl: pip install verl") from e
     check_verl(core_algos, _verl_version())
     options = options or {}
     for key in options:
