@@ -137,6 +137,17 @@ class Run:
                 f"output_dir={self.path(cfg.out)}"]  # fmt: skip
 
 
+def seed_runs(folder: Path) -> list[tuple[int, Path]]:
+    """(seed, run folder) of the runs in a group folder of a study (`Run.path`: seed<N>, N as written by str(int)),
+    in seed order; anything else there (seed07, seed_old, a copy) is not a run of the study."""
+    runs = []
+    for run in Path(folder).glob("seed*"):
+        digits = run.name.removeprefix("seed")
+        if run.is_dir() and digits.isdigit() and str(int(digits)) == digits:
+            runs.append((int(digits), run))
+    return sorted(runs)
+
+
 SET_PER_RUN = {"seed": "seeds", "output_dir": "out", "rollout.quant": "formats", "correction.name": "methods"}
 """Training keys the study sets for each run, and the study key that chooses them."""
 

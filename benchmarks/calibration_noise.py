@@ -16,6 +16,7 @@ further apart than twice the jackknife standard error (over the calibrations) of
 window could tell its best candidate from the next. Writes benchmarks/results/calibration_noise_<tag>.json.
 """
 
+import math
 import statistics
 import sys
 from collections import Counter
@@ -48,7 +49,7 @@ def checkpoint_figures(path: Path) -> dict | None:
     names = [k.removeprefix("calib_dist_") for k in rounds[0] if k.startswith("calib_dist_")]
     pooled, noise = split(rounds, names)
     debiased = pooled - noise  # (C,)
-    first, second = debiased.argsort()[:2].tolist()
+    first, second = torch.nan_to_num(debiased, nan=math.inf).argsort()[:2].tolist()  # the two least, NaN last
     gaps = []
     for j in range(n):
         p, e = split(rounds[:j] + rounds[j + 1 :], names)
@@ -74,9 +75,12 @@ def main(runs: Path, steps: list[int], tag: str) -> dict:
     shares, apart = [], 0
     for r in rows:
         names, n = r["names"], r["n"]
-        for key in picks:
-            picks[key][min(names, key=lambda c, k=key: r[f"{k}_{c}"])] += 1
-        shares += [r[f"noise_{c}"] / r[f"pooled_{c}"] for c in names if r[f"pooled_{c}"] > 0]
+        for key in picks:  # a candidate whose gradient was not finite (inf - inf) is never the pick
+            finite = [c for c in names if math.isfinite(r[f"{key}_{c}"])]
+            if finite:
+                picks[key][min(finite, key=lambda c, k=key: r[f"{k}_{c}"])] += 1
+        shares += [r[f"noise_{c}"] / r[f"pooled_{c}"] for c in names
+                   if 0 < r[f"pooled_{c}"] < math.inf and math.isfinite(r[f"noise_{c}"])]  # fmt: skip
         apart += r["gap"] > 2 * r["gap_se"]
         cells = "  ".join(f"{c} {r[f'pooled_{c}']:.3f} = {r[f'debiased_{c}']:.3f} + {r[f'noise_{c}']:.3f}"
                           for c in names)  # fmt: skip
@@ -84,7 +88,7 @@ def main(runs: Path, steps: list[int], tag: str) -> dict:
               f"gap {r['gap']:.3f} ± {r['gap_se']:.3f}")  # fmt: skip
     out = {"runs": str(runs), "steps": steps, "checkpoints": len(rows),
            "picks_pooled": dict(picks["pooled"]), "picks_debiased": dict(picks["debiased"]),
-           "median_noise_share": statistics.median(shares), "best_two_apart_by_2se": apart,
+           "median_noise_share": statistics.median(shares) if shares else math.nan, "best_two_apart_by_2se": apart,
            "rows": rows, "machine": machine(),
            "command": command(__file__)}  # fmt: skip
     print(f"{len(rows)} checkpoints; picks by pooled {dict(picks['pooled'])}, by debiased {dict(picks['debiased'])}; "

@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=2 python benchmarks/checkpoint_mismatch.py runs/ref runs/mxall
         [kinds=reference,mxfp4_w4a4/none,mxfp4_w4a4/tis,mxfp4_w4a4/ais] [steps=80,100] [quant=mxfp4_w4a4]
-        [preset=lab_columns] [held=4] [tag=NAME]
+        [preset=lab_columns] [held=4] [tag=NAME] [overwrite=false]
 
 A run's logged k3 KL is measured on its own batches, by its own copy, so it mixes where training went with what
 was sampled. This script measures every checkpoint on the same footing: the weights of RUN at each of `steps`,
@@ -14,18 +14,21 @@ mismatch by itself: if it rises as much there as in the low-precision runs, the 
 training goes, not drift caused by their rollouts. Per kind: the mean over its seeds, the paired difference from the
 reference run of each seed (same prompts, same warm start) and from every other kind, and over the reference runs
 the correlation across seeds between the measured k3 and the run's held-out greedy accuracy at its last step. Writes
-benchmarks/results/checkpoint_mismatch_<quant>[_<tag>].json and its section of BENCHMARKS.md.
+benchmarks/results/checkpoint_mismatch_<quant>[_<tag>].json and its section of BENCHMARKS.md; a file of that name
+holding other kinds is kept (tag= writes beside it, overwrite=true replaces it).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from aisrl.bench.cli import command, number, numbers, options
+from aisrl.bench.cli import command, flag, number, numbers, options, study_folders
 from aisrl.bench.report import machine, settings_tag, update_section, write_json
+from aisrl.checkpoint import checkpoint_dir
 from aisrl.compare import per_step, run_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -79,12 +82,12 @@ def section(out: dict) -> str:
     return "\n".join(lines)
 
 
-def finished_runs(dirs: list[Path], kinds: list[str], final: int) -> dict[str, dict[int, Path]]:
-    """{kind: {seed: run folder}} of the runs finished at step `final` (first folder wins); an error naming a folder
-    that does not exist or a kind without one finished run."""
-    missing = [str(d) for d in dirs if not d.is_dir()]
-    if missing or not dirs:
-        raise SystemExit(f"no such folder: {missing} (pass `aisrl compare` output folders)")
+def finished_runs(dirs: list[Path], kinds: list[str], steps: list[int]) -> dict[str, dict[int, Path]]:
+    """{kind: {seed: run folder}} of the runs finished at the last of `steps` (first folder wins); an error naming a
+    folder that does not exist, a kind without one finished run, or a run that kept no checkpoint at one of `steps`
+    (a run keeps its last `keep_checkpoints`, 2 by default), before anything is measured."""
+    final = max(steps)
+    dirs = study_folders(dirs)
     found = {}
     for kind in kinds:
         found[kind] = {}
@@ -96,6 +99,12 @@ def finished_runs(dirs: list[Path], kinds: list[str], final: int) -> dict[str, d
     for i, a in enumerate(kinds):  # paired by seed: runs of one seed must share their warm start
         for b in kinds[i + 1 :]:
             check_starts(found[a], found[b])
+    lacking = [f"{run}: step {s}" for where in found.values() for run in where.values() for s in steps
+               if not (checkpoint_dir(run, s) / "model.safetensors").is_file()]  # fmt: skip
+    if lacking:
+        raise SystemExit(f"no checkpoint kept at {len(lacking)} of the steps asked ({'; '.join(lacking[:4])}"
+                         f"{'; ...' if len(lacking) > 4 else ''}): pass steps= that every run kept (see their "
+                         "checkpoints/ folders), or train with checkpoint_every=20 keep_checkpoints=0")  # fmt: skip
     return found
 
 
@@ -107,9 +116,15 @@ def name_of(quant: str, tag: str, steps: list[int], preset: str, held: int) -> s
 
 
 def main(dirs: list[Path], kinds: list[str], steps: list[int], quant: str, preset: str, held: int,
-         tag: str = "") -> dict:  # fmt: skip
+         tag: str = "", overwrite: bool = False) -> dict:  # fmt: skip
     t0 = time.perf_counter()
-    found = finished_runs(dirs, kinds, max(steps))  # before anything is measured: a misspelt kind is an error
+    found = finished_runs(dirs, kinds, steps)  # before anything is measured: a misspelt kind is an error
+    name = name_of(quant, tag, steps, preset, held)
+    path = ROOT / "benchmarks" / "results" / f"{name}.json"
+    held_kinds = sorted(json.loads(path.read_text()).get("kinds", {})) if path.exists() and not overwrite else None
+    if held_kinds is not None and held_kinds != sorted(kinds):  # the name holds the settings, not the kinds
+        raise SystemExit(f"{path.relative_to(ROOT)} holds a measurement of other kinds ({held_kinds}), which the docs "
+                         "may cite: pass tag=NAME to write this one beside it, or overwrite=true to replace it")
     probe = setup(preset, quant, "")  # one model and copy, each checkpoint's weights loaded into them in turn
     warm = probe.measure(held)
     print("warm start: " + ", ".join(f"{k} {warm[k]:.4f}" for k in KEYS), flush=True)
@@ -144,15 +159,15 @@ def main(dirs: list[Path], kinds: list[str], steps: list[int], quant: str, prese
                                                       {k: r["accuracy"] for k, r in scored.items()})  # fmt: skip
         c = out["reference_k3_vs_accuracy"]
         print(f"reference runs: k3 vs held-out greedy accuracy across seeds: {_r(c)}")
-    name = name_of(quant, tag, steps, preset, held)
-    write_json(ROOT / "benchmarks" / "results" / f"{name}.json", out)
+    write_json(path, out)
     update_section(ROOT / "BENCHMARKS.md", name, section(out))
     return out
 
 
 if __name__ == "__main__":
-    paths, kw = options(sys.argv[1:], ("kinds", "steps", "quant", "preset", "held", "tag"), positional=True)
+    paths, kw = options(sys.argv[1:], ("kinds", "steps", "quant", "preset", "held", "tag", "overwrite"),
+                        positional=True)  # fmt: skip
     kinds = kw.get("kinds", "reference,mxfp4_w4a4/none,mxfp4_w4a4/tis,mxfp4_w4a4/ais").split(",")
     main([Path(p) for p in paths], kinds, numbers(kw, "steps", DEFAULTS["steps"], low=1),
          kw.get("quant", DEFAULTS["quant"]), kw.get("preset", DEFAULTS["preset"]),
-         number(kw, "held", DEFAULTS["held"], low=1), kw.get("tag", ""))  # fmt: skip
+         number(kw, "held", DEFAULTS["held"], low=1), kw.get("tag", ""), flag(kw, "overwrite", False))  # fmt: skip

@@ -141,7 +141,8 @@ def pull(preset: str, quant: str, start: str, variant: str, lr: float, steps: in
         probe.sync(model.state_dict())
         losses.append(loss.item())
         if step % every == 0 or step == steps:
-            curve.append({"step": step, **probe.measure(held), "penalty": statistics.fmean(losses[-every:])})
+            since = step - curve[-1]["step"]  # the steps since the last point: a short last window is not padded
+            curve.append({"step": step, **probe.measure(held), "penalty": statistics.fmean(losses[-since:])})
         print(f"{variant} lr {lr:g} step {step}: penalty {loss.item():.4g}" + (
             f", held k3 {curve[-1]['k3']:.4g}, reward {curve[-1]['reward']:.3f}, nll {curve[-1]['nll']:.3f}"
             if curve[-1]["step"] == step else ""), flush=True)  # fmt: skip

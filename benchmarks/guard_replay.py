@@ -28,9 +28,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from aisrl.bench.cli import command, number, options
+from aisrl.bench.cli import command, number, options, study_folders
 from aisrl.bench.report import write_json
-from aisrl.compare import _finite, measured_value, per_step, run_rows, summarize_run
+from aisrl.compare import _finite, measured_value, per_step, run_rows, seed_runs, summarize_run
 from aisrl.update import MismatchGuard
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,8 +96,9 @@ def parse(given: dict[str, str]) -> dict:
         raise SystemExit(f"drift={opts['drift']}: the drift ratio is above 0, e.g. 2")
     if not 0 < opts["fall"] <= 1:
         raise SystemExit(f"fall={opts['fall']}: a drop of held-out accuracy in (0, 1], e.g. 0.08 for 8 points")
-    if opts["anchor"] > opts["steps"]:
-        raise SystemExit(f"anchor={opts['anchor']} is longer than steps={opts['steps']}: lower it")
+    if opts["anchor"] + opts["drift_window"] > opts["steps"]:  # the drift rule could never fire, yet report 0 flags
+        raise SystemExit(f"anchor={opts['anchor']} + drift_window={opts['drift_window']} is longer than "
+                         f"steps={opts['steps']}: the drift rule needs both; lower them")  # fmt: skip
     return opts
 
 
@@ -108,19 +109,17 @@ def main(argv: list[str]) -> dict:
     opts = parse(given)
     if not folders:
         raise SystemExit(f"usage: {usage} (got {argv})")
-    folders = [Path(f) for f in folders]
-    missing = [str(f) for f in folders if not f.is_dir()]
-    if missing:
-        raise SystemExit(f"no such folder: {missing} (pass `aisrl compare` output folders)")
+    folders = study_folders(folders)
     steps = opts["steps"]
     runs, unfinished = [], []
     for folder in folders:
-        for run in sorted(folder.glob(f"{opts['group']}/seed*")):
-            rows = per_step(run_rows(run))[:steps] if (run / "metrics.jsonl").exists() else []
-            if len(rows) < steps:
-                unfinished.append(str(run))
-                continue
-            runs.append(run_row(str(run.relative_to(folder.parent)), rows, opts))
+        for group in sorted(p for p in folder.glob(opts["group"]) if p.is_dir()):
+            for _, run in seed_runs(group):  # the study's runs, in seed order (not seed07, seed_old, ...)
+                rows = per_step(run_rows(run))[:steps] if (run / "metrics.jsonl").exists() else []
+                if len(rows) < steps:
+                    unfinished.append(str(run))
+                    continue
+                runs.append(run_row(str(run.relative_to(folder.parent)), rows, opts))
     if not runs:
         raise SystemExit(f"no run finished to step {steps} under {[str(f) for f in folders]} (group={opts['group']})")
     print("| run | fell | jump trips | logged | drift flag | best eval (step) | last eval |")

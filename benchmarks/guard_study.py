@@ -26,7 +26,7 @@ from paired_seeds import collect, score, summary  # noqa: E402
 from aisrl.bench.cli import command, number, options  # noqa: E402
 from aisrl.bench.report import write_json  # noqa: E402
 from aisrl.checkpoint import checkpoint_dir, same_start  # noqa: E402
-from aisrl.compare import per_step, run_rows, summarize_run  # noqa: E402
+from aisrl.compare import per_step, run_rows, seed_runs, summarize_run  # noqa: E402
 from aisrl.final_eval import _sha256  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,11 +89,12 @@ def main(argv: list[str]) -> dict:
     guarded, unguarded = runs_of(dirs[0], group, steps), runs_of(dirs[1], group, steps)
     if not guarded:
         raise SystemExit(f"no finished run of {group} under {dirs[0]}")
+    unfinished = [str(run) for seed, run in seed_runs(dirs[0] / group) if seed not in guarded]  # said, not dropped
     seeds = [seed_row(k, guarded[k], unguarded.get(k), steps, fall) for k in sorted(guarded)]
     bad = [s for s in seeds if s["twin"] not in ("ok", "itself (no trip)")]
     paired = [s for s in seeds if s not in bad]
     result = {"command": command(__file__, argv), "group": group, "steps": steps,
-              "seeds": seeds, "unpaired": [s["seed"] for s in bad],
+              "seeds": seeds, "unpaired": [s["seed"] for s in bad], "unfinished": unfinished,
               "tripped": sum(bool(s["trips"]) for s in paired), "trips": sum(len(s["trips"]) for s in paired),
               "falls": {arm: sum(s[f"fell_{arm}"] for s in paired) for arm in ("guard", "none")},
               "guard_minus_none": {}}  # fmt: skip
@@ -115,10 +116,14 @@ def main(argv: list[str]) -> dict:
             if summ["n"] > 1:
                 print(f"guard - no guard, {metric}, {subset} seeds: {summ['mean']:+.4f} (SE {summ['se']:.4f}; "
                       f"guard higher on {summ['positive']}/{summ['n']}, {summ['ties']} tied)")  # fmt: skip
+            elif summ["n"] == 1:  # no standard error from one seed, but its difference is still a result
+                print(f"guard - no guard, {metric}, {subset} seeds: {summ['mean']:+.4f} (one seed)")
     print(
         f"falls: guard {result['falls']['guard']}/{len(paired)}, no guard {result['falls']['none']}/{len(paired)};"
         f" {result['tripped']} guarded runs tripped ({result['trips']} trips); unpaired seeds {result['unpaired']}"
     )
+    if unfinished:
+        print(f"left out {len(unfinished)} guarded runs not finished to step {steps}: {unfinished}")
     write_json(ROOT / "benchmarks" / "results" / f"guard_{opts.get('tag', 'study')}.json", result)
     return result
 

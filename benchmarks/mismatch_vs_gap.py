@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from aisrl.bench.cli import command, number, options
+from aisrl.bench.cli import choice, command, number, options, study_folders
 from aisrl.bench.report import update_section, write_json
 from aisrl.compare import _finite, measured_value, per_step, run_rows
 
@@ -108,6 +108,10 @@ def section(out: dict, command: str) -> str:
     for m, c in out["per_method"].items():
         r = "undefined" if c["r"] is None else f"{c['r']:+.2f}"
         lines.append(f"| {m} | {c['runs']} | {c['k3_last']:.3f} | {c['gap']:+.3f} | {r} |")
+    left = out.get("per_method_left_out") or {}
+    if left:
+        named = ", ".join(f"{m} ({n})" for m, n in left.items())
+        lines.append(f"\nLeft out of the table, with fewer than 4 runs: {named}.")
     return "\n".join(lines)
 
 
@@ -115,6 +119,7 @@ def main(dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metri
          tag: str = "") -> dict:  # fmt: skip
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose from {sorted(METRICS)}")
+    dirs = study_folders(dirs)  # a misspelt folder is named, not read as a study without runs
     ref_where: dict[int, Path] = {}
     ref = collect(dirs, "reference", steps, metric, ref_where)
     y, first, last = {}, {}, {}
@@ -125,6 +130,8 @@ def main(dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metri
                 y[m, seed] = value - ref[seed]
                 first[m, seed], last[m, seed] = k3_fifths(where[seed], steps)
         check_starts(ref_where, {s: w for s, w in where.items() if s in ref})  # a twin started from the same weights
+    for key in [k for k in y if not (math.isfinite(first[k]) and math.isfinite(last[k]))]:  # a fifth without a
+        del y[key], first[key], last[key]  # measured k3: out of both correlations, so both count the same runs
     methods_of = {seed: sum(k[1] == seed for k in y) for _, seed in y}
     for key in [k for k in y if methods_of[k[1]] < 2]:  # a seed under one method only: its seed mean is all of it
         del y[key], first[key], last[key]
@@ -134,10 +141,12 @@ def main(dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metri
                          "on seeds run under at least two methods")  # fmt: skip
     result = {"dirs": [str(d) for d in dirs], "format": fmt, "metric": metric, "methods": methods, "runs": len(y),
               "last_fifth_k3": correlation(*residuals(last, y)), "first_fifth_k3": correlation(*residuals(first, y)),
-              "per_method": {}}  # fmt: skip
+              "per_method": {}, "per_method_left_out": {}, "command": command(__file__)}  # fmt: skip
     for m in methods:
-        keys = [k for k in y if k[0] == m and math.isfinite(last[k])]
-        if len(keys) >= 4:
+        keys = [k for k in y if k[0] == m]
+        if len(keys) < 4:  # too few for a correlation within the method: named in the section, not dropped silently
+            result["per_method_left_out"][m] = len(keys)
+        else:
             xm, ym = statistics.fmean(last[k] for k in keys), statistics.fmean(y[k] for k in keys)
             result["per_method"][m] = {"runs": len(keys), "k3_last": xm, "gap": ym, **correlation(
                 {k: last[k] - xm for k in keys}, {k: y[k] - ym for k in keys})}  # fmt: skip
@@ -155,5 +164,6 @@ def main(dirs: list[Path], fmt: str, methods: list[str], steps: int = 100, metri
 
 if __name__ == "__main__":
     paths, kw = options(sys.argv[1:], ("format", "methods", "steps", "metric", "tag"), positional=True)
+    metric = choice(kw, "metric", "greedy_accuracy", METRICS)
     main([Path(p) for p in paths], kw.get("format", "mxfp4_w4a4"), kw.get("methods", "none,tis,ais").split(","),
-         number(kw, "steps", 100, low=1), kw.get("metric", "greedy_accuracy"), kw.get("tag", ""))  # fmt: skip
+         number(kw, "steps", 100, low=1), metric, kw.get("tag", ""))  # fmt: skip

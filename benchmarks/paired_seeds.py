@@ -28,10 +28,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from aisrl.bench.cli import flag, number, options
+from aisrl.bench.cli import choice, command, flag, number, options
 from aisrl.bench.report import write_json
 from aisrl.checkpoint import checkpoint_dir, same_start
-from aisrl.compare import per_step, run_rows
+from aisrl.compare import per_step, run_rows, seed_runs
 from aisrl.final_eval import current, scores_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,11 +81,7 @@ def collect(
     from another folder's run). `where`, if given, receives {seed: run folder}."""
     out, chosen = {}, set()
     for d in dirs:
-        for run in sorted((d / kind).glob("seed*")):
-            digits = run.name.removeprefix("seed")
-            if not digits.isdigit() or str(int(digits)) != digits:
-                continue  # not a run directory of `aisrl compare` (seed07, seed_old, ...)
-            seed = int(digits)
+        for seed, run in seed_runs(d / kind):  # not seed07, seed_old, ...: not runs of `aisrl compare`
             rows = [] if seed in chosen else per_step(run_rows(run))
             if len(rows) < steps:  # chosen already, or unfinished
                 continue
@@ -158,7 +154,7 @@ def main(
             check_starts(paths[a], paths[b])
     delta = {m: {s: runs[m][s] - ref[s] for s in sorted(runs[m]) if s in ref} for m in methods}
     result = {"dirs": [str(d) for d in dirs], "format": fmt, "steps": steps, "metric": metric,
-              "vs_full_precision": {}, "pairs": {}}  # fmt: skip
+              "vs_full_precision": {}, "pairs": {}, "command": command(__file__)}  # fmt: skip
     for m, d in delta.items():
         result["vs_full_precision"][m] = {**summary(list(d.values())), "seeds": sorted(d)}
         s = result["vs_full_precision"][m]
@@ -200,7 +196,7 @@ if __name__ == "__main__":
         kw.get("format", "mxfp4_w4a4"),
         kw.get("methods", "none,tis,ais").split(","),
         number(kw, "steps", 100, low=1),
-        kw.get("metric", "reward"),
+        choice(kw, "metric", "reward", METRICS),
         kw.get("tag", ""),
         flag(kw, "overwrite", False),
     )

@@ -185,3 +185,17 @@ def test_smoke_runs_of_the_published_benchmarks_keep_names_of_their_own():
     assert of("smollm2", max_new_tokens=4, prompts=2) == smoke  # stable
     assert of("lab", "lab", prompts=8) not in ("lab", smoke) and of("lab", "lab").startswith("lab_")
     assert of("smollm2", formats=["int4"]).startswith("smollm2_")
+
+
+def test_a_choice_and_a_folder_that_are_not_there_are_named(tmp_path):
+    from aisrl.bench.cli import choice, study_folders
+
+    assert choice({}, "metric", "reward", ["reward", "held_accuracy"]) == "reward"
+    assert choice({"metric": "held_accuracy"}, "metric", "reward", ["reward", "held_accuracy"]) == "held_accuracy"
+    with pytest.raises(SystemExit, match=r"metric='greedy': choose from \['held_accuracy', 'reward'\]"):
+        choice({"metric": "greedy"}, "metric", "reward", ["reward", "held_accuracy"])  # was a traceback
+    assert study_folders([str(tmp_path)]) == [tmp_path]
+    with pytest.raises(SystemExit, match=r"no such folder: \['.*nowhere'\]"):
+        study_folders([tmp_path, tmp_path / "nowhere"])
+    with pytest.raises(SystemExit, match=r"no such folder: \[\]"):
+        study_folders([])

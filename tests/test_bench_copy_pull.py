@@ -59,3 +59,23 @@ def test_runs_with_other_settings_write_beside_the_published_figures(tmp_path, m
     names = sorted(p.stem for p in (tmp_path / "benchmarks" / "results").iterdir())
     assert len(names) == 3 and names[0] == "copy_pull_lab_columns_mxfp4_w4a4"
     assert all(n.startswith("copy_pull_lab_columns_mxfp4_w4a4_") for n in names[1:])
+
+
+def test_each_point_of_the_curve_averages_the_penalties_since_the_last_one(monkeypatch):
+    """steps=7 every=5: the last point (step 7) averaged steps 3-7, reaching back into the first window."""
+    from types import SimpleNamespace
+
+    cp = load_benchmark("copy_pull")
+    model = torch.nn.Linear(1, 1)
+    step = {"n": 0}
+
+    def batch(s):
+        step["n"] = s
+        return None, None
+
+    probe = SimpleNamespace(model=model, policy=None, batch=batch, measure=lambda held: {"k3": 0.0, "reward": 0.0,
+                            "nll": 0.0}, sync=lambda state: None, cfg=SimpleNamespace(grad_clip=1.0))  # fmt: skip
+    monkeypatch.setattr(cp, "setup", lambda *a: probe)
+    monkeypatch.setattr(cp, "penalty", lambda v, m, p, r: (m.weight * 0).sum() + float(step["n"]))  # step s: s
+    curve = cp.pull("lab", "mxfp4_w4a4", "", "grid", 1e-3, 7, 5, 1)["curve"]
+    assert [(c["step"], c.get("penalty")) for c in curve] == [(0, None), (5, 3.0), (7, 6.5)]  # mean(1..5), mean(6, 7)

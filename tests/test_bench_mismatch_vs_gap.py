@@ -78,6 +78,20 @@ def test_twins_must_share_a_start_and_an_undefined_correlation_has_no_p_value(tm
     run("reference", 7, 0.5, 0.0)
     out = mg.main([tmp_path / "s"], "f", ["tis", "ais"], steps=10)
     assert out["runs"] == 10 and out["last_fifth_k3"]["n"] == 10
+    # a run whose last fifth measured no k3 leaves both correlations (and the count) alike: the first-fifth control
+    # counted it while the last fifth did not, under one "runs" figure; a method under 4 runs is named, not dropped
+    for seed in (5, 6):
+        run("reference", seed, 0.5, 0.0)
+        run("f/tis", seed, 0.45, 0.01)
+        run("f/none", seed, 0.3, 0.02)
+    p = tmp_path / "s" / "f" / "tis" / "seed0" / "metrics.jsonl"
+    rows = [json.loads(x) for x in p.read_text().splitlines()]
+    p.write_text("".join(json.dumps({**r, "k3_kl": float("nan") if r["step"] > 8 else r["k3_kl"]}) + "\n"
+                         for r in rows))  # fmt: skip
+    out = mg.main([tmp_path / "s"], "f", ["tis", "ais", "none"], steps=10)
+    assert out["runs"] == out["last_fifth_k3"]["n"] == out["first_fifth_k3"]["n"] == 12  # of 14: seed 0 has only ais
+    assert out["per_method_left_out"] == {"none": 2} and set(out["per_method"]) == {"tis", "ais"}
+    assert "Left out of the table, with fewer than 4 runs: none (2)." in (tmp_path / "BENCHMARKS.md").read_text()
     run("f/tis", 3, 0.4, 0.01, start="bb")  # seed 3's tis run began from other weights than its twin
     with pytest.raises(ValueError, match=r"seed 3\) started from different weights"):
         mg.main([tmp_path / "s"], "f", ["tis", "ais"], steps=10)

@@ -77,6 +77,12 @@ def test_checkpoint_mismatch_refuses_a_kind_without_runs_before_measuring_and_na
     for seed in range(4):  # four full-precision runs ending at one accuracy: no spread to correlate
         write_run(tmp_path / "s" / "reference" / f"seed{seed}",
                   [{"step": s, "reward": 0.5, "eval_accuracy": 0.5} for s in (1, 2)])  # fmt: skip
+        (tmp_path / "s" / "reference" / f"seed{seed}" / "checkpoints" / "step_000002").mkdir(parents=True)
+        if seed:  # seed 0 kept none at step 2: found before measuring, not when its turn comes
+            (tmp_path / "s" / "reference" / f"seed{seed}" / "checkpoints" / "step_000002" / "model.safetensors").touch()
+    with pytest.raises(SystemExit, match=r"no checkpoint kept at 1 of the steps asked \(.*seed0: step 2\)"):
+        cm.main([tmp_path / "s"], ["reference"], [2], "q", "lab", 1)
+    (tmp_path / "s" / "reference" / "seed0" / "checkpoints" / "step_000002" / "model.safetensors").touch()
     with pytest.raises(SystemExit, match=r"no run of \['q/tsi'\] finished to step 2"):
         cm.main([tmp_path / "s"], ["reference", "q/tsi"], [2], "q", "lab", 1)
     assert measured == []  # refused before any checkpoint was measured
@@ -89,6 +95,19 @@ def test_checkpoint_mismatch_refuses_a_kind_without_runs_before_measuring_and_na
     assert "<!-- BEGIN checkpoint_mismatch_q -->" not in text  # other settings than the published ones: own name
     assert cm.name_of("q", "", cm.DEFAULTS["steps"], "lab_columns", 4) == "checkpoint_mismatch_q"
     assert cm.name_of("q", "t", [2], "lab", 1).startswith("checkpoint_mismatch_q_t_")
+    # a run of other kinds under the same settings would replace the published file: refused before measuring
+    write_run(tmp_path / "s" / "q" / "ais" / "seed0", [{"step": s, "reward": 0.5} for s in (1, 2)])
+    (tmp_path / "s" / "q" / "ais" / "seed0" / "checkpoints" / "step_000002").mkdir(parents=True)
+    (tmp_path / "s" / "q" / "ais" / "seed0" / "checkpoints" / "step_000002" / "model.safetensors").touch()
+    measured.clear()
+    with pytest.raises(SystemExit, match=r"holds a measurement of other kinds \(\['reference'\]\).*overwrite=true"):
+        cm.main([tmp_path / "s"], ["reference", "q/ais"], [2], "q", "lab", 1)
+    assert measured == []
+    assert set(cm.main([tmp_path / "s"], ["reference", "q/ais"], [2], "q", "lab", 1, overwrite=True)["kinds"]) == {
+        "reference", "q/ais"}  # fmt: skip
+    import shutil
+
+    shutil.rmtree(tmp_path / "s" / "q" / "ais")
     # a pair of one seed from different warm starts is refused before measuring (before: paired all the same)
     import json
 

@@ -449,3 +449,19 @@ def test_calibration_noise_reads_the_calibrations_a_checkpoint_keeps(tmp_path):
     assert fig["gap"] == pytest.approx((4 - 1 / 3) - (0 - 4 / 3)) and fig["gap_se"] > 0
     torch.save({"extra": {"calibrations": cal[:2]}}, path)
     assert bench.checkpoint_figures(path) is None  # too few to jackknife
+
+
+def test_calibration_noise_never_picks_a_candidate_whose_gradient_was_not_finite(tmp_path, monkeypatch):
+    """A candidate with an inf in one calibration's difference has debiased inf - inf = NaN, which Python's min
+    returned as the pick whenever it came first; its NaN noise share went into the median too."""
+    bench = load_benchmark("calibration_noise")
+    monkeypatch.setattr(bench, "ROOT", tmp_path)  # results under tmp_path, never the repository's
+    diffs = [([math.inf, 0.0], [1.0, 0.0]), ([3.0, 0.0], [0.0, 2.0]), ([2.0, 0.0], [0.0, -2.0])]
+    cal = [{"calib_dist_a": sum(x * x for x in a), "calib_dist_b": sum(x * x for x in b), "calib_ref_norm": 1.0,
+            "diff": torch.tensor([a, b])} for a, b in diffs]  # fmt: skip
+    state = tmp_path / "runs" / "r" / "checkpoints" / "step_000010" / "state.pt"
+    state.parent.mkdir(parents=True)
+    torch.save({"extra": {"calibrations": cal}}, state)
+    out = bench.main(tmp_path / "runs", [10], "t")
+    assert out["picks_debiased"] == {"b": 1} and out["picks_pooled"] == {"b": 1}
+    assert math.isfinite(out["median_noise_share"])

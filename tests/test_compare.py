@@ -801,6 +801,10 @@ def test_guard_study_pairs_guarded_runs_with_their_unguarded_twins(tmp_path, mon
     assert greedy["n"] == 3 and greedy["mean"] == pytest.approx((0.0 + 0.20 + 0.0) / 3) and greedy["ties"] == 2
     assert out["guard_minus_none"]["tripped"]["greedy_accuracy"]["n"] == 1
     assert json.loads((tmp_path / "benchmarks/results/guard_t.json").read_text())["falls"]["none"] == 1
+    assert out["unfinished"] == []
+    run("g", 5, base[:3], {})  # a guarded run stopped at step 3 of 6: named, not dropped without a word
+    assert mod.main([str(tmp_path / "g"), str(tmp_path / "u"), "group=f/ais", "steps=6", "tag=t"])["unfinished"] == [
+        str(tmp_path / "g/f/ais/seed5")]  # fmt: skip
     with pytest.raises(SystemExit, match="unknown keys"):
         mod.main([str(tmp_path / "g"), str(tmp_path / "u"), "grup=f/ais"])
 
@@ -853,6 +857,12 @@ def test_guard_replay_finds_the_guards_trips_and_slow_drifts(tmp_path, monkeypat
         mod.main([str(tmp_path / "study"), "drift_window=0"])
     with pytest.raises(SystemExit, match="factor='x': give a number"):
         mod.main([str(tmp_path / "study"), "factor=x"])
+    with pytest.raises(SystemExit, match=r"anchor=25 \+ drift_window=10 is longer than steps=30"):  # could never fire
+        mod.main([str(tmp_path / "study"), "steps=30", "anchor=25"])
+    run("f/ais", 7, [0.02] * 30, {30: 0.5})
+    (tmp_path / "study/f/ais/seed7").rename(tmp_path / "study/f/ais/seed07")  # not a run of the study: not counted
+    assert [r["run"] for r in mod.main([str(tmp_path / "study"), "group=f/ais", "steps=30", "tag=t"])["runs"]] == [
+        "study/f/ais/seed0"]  # fmt: skip
 
 
 def test_a_run_is_finished_only_when_its_checkpoint_and_summary_reach_the_end(tmp_path):

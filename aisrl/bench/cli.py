@@ -59,6 +59,23 @@ def numbers(kw: Mapping[str, str], key: str, default: list, kind: type = int, lo
     return [_read(key, t, kind, low, whole=text) for t in parts]
 
 
+def choice(kw: Mapping[str, str], key: str, default: str, choices: Iterable[str]) -> str:
+    """Option `key`, one of `choices` (`default` when absent); anything else is an error listing them."""
+    text, choices = kw.get(key, default), list(choices)
+    if text not in choices:
+        raise SystemExit(f"{key}={text!r}: choose from {sorted(choices)}")
+    return text
+
+
+def study_folders(paths: Iterable[str | Path]) -> list[Path]:
+    """The folders given, each of which must exist: one missing is an error naming it, not an empty study."""
+    folders = [Path(p) for p in paths]
+    missing = [str(f) for f in folders if not f.is_dir()]
+    if missing or not folders:
+        raise SystemExit(f"no such folder: {missing} (pass `aisrl compare` output folders)")
+    return folders
+
+
 def _read(key: str, text: str, kind: type, low: float | None, whole: str | None = None):
     """`text` as a finite `kind` at least `low`, or an error naming `key` (and the whole list it came from)."""
     shown = f"{key}={text!r}" if whole is None else f"{key}={whole!r} (entry {text!r})"
