@@ -28,13 +28,12 @@ from pathlib import Path
 
 from aisrl.bench.cli import command, flag, number, numbers, options, study_folders
 from aisrl.bench.report import machine, settings_tag, update_section, write_json
+from aisrl.bench.seeds import check_starts, collect, correlation, summary
 from aisrl.checkpoint import checkpoint_dir
 from aisrl.compare import per_step, run_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from copy_pull import setup  # noqa: E402  (sibling scripts, not a package)
-from mismatch_vs_gap import correlation  # noqa: E402
-from paired_seeds import check_starts, collect, summary  # noqa: E402
+from copy_pull import setup  # noqa: E402  (a sibling script, not a package)
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ("k3", "nll", "reward")

@@ -19,15 +19,12 @@ benchmarks/results/guard_<tag>.json.
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # paired_seeds: the shared per-seed statistics
-
-from paired_seeds import collect, score, summary  # noqa: E402
-
-from aisrl.bench.cli import command, number, options  # noqa: E402
-from aisrl.bench.report import write_json  # noqa: E402
-from aisrl.checkpoint import checkpoint_dir, same_start  # noqa: E402
-from aisrl.compare import per_step, run_rows, seed_runs, summarize_run  # noqa: E402
-from aisrl.final_eval import _sha256  # noqa: E402
+from aisrl.bench.cli import command, number, options
+from aisrl.bench.report import write_json
+from aisrl.bench.seeds import collect, score, summary
+from aisrl.checkpoint import checkpoint_dir, same_start
+from aisrl.compare import per_step, run_rows, seed_runs, summarize_run
+from aisrl.final_eval import _sha256
 
 ROOT = Path(__file__).resolve().parent.parent
 SCORES = ("greedy_accuracy", "held_accuracy", "policy_reward")

@@ -25,59 +25,12 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
-
 from aisrl.bench.cli import choice, command, number, options, study_folders
 from aisrl.bench.report import update_section, write_json
+from aisrl.bench.seeds import METRICS, check_starts, collect, correlation, residuals
 from aisrl.compare import _finite, measured_value, per_step, run_rows
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from paired_seeds import METRICS, check_starts, collect  # noqa: E402  (a sibling script, not a package)
-
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def demean(values: dict[tuple[str, int], float], rounds: int = 200) -> dict[tuple[str, int], float]:
-    """values keyed by (method, seed) with each method's and each seed's mean taken out (two-way, unbalanced)."""
-    out = dict(values)
-    for _ in range(rounds):
-        moved = 0.0
-        for axis in (0, 1):
-            groups: dict = {}
-            for key, v in out.items():
-                groups.setdefault(key[axis], []).append(v)
-            means = {g: statistics.fmean(v) for g, v in groups.items()}
-            moved = max(moved, *(abs(m) for m in means.values()))
-            out = {key: v - means[key[axis]] for key, v in out.items()}
-        if moved < 1e-12:
-            break
-    return out
-
-
-def residuals(x: dict, y: dict) -> tuple[dict, dict]:
-    """x and y on the runs where both are finite (a fifth with no finite k3 is NaN) and whose seed another of them
-    shares, each with method and seed means taken out: a NaN inside a mean would make every residual NaN."""
-    keys = [k for k in x if math.isfinite(x[k]) and math.isfinite(y[k])]
-    shared = {seed for _, seed in keys if sum(k[1] == seed for k in keys) >= 2}
-    keys = [k for k in keys if k[1] in shared]
-    return demean({k: x[k] for k in keys}), demean({k: y[k] for k in keys})
-
-
-def correlation(x: dict, y: dict, permutations: int = 20000) -> dict:
-    """Pearson correlation of the paired residuals, its two-sided permutation p-value (the share of random
-    pairings of the same residuals with at least its |r|) and the least-squares slope of y on x."""
-    keys = [k for k in sorted(x) if math.isfinite(x[k]) and math.isfinite(y[k])]  # (a NaN would make every p tiny)
-    a = torch.tensor([x[k] for k in keys], dtype=torch.float64)
-    b = torch.tensor([y[k] for k in keys], dtype=torch.float64)
-    a, b = a - a.mean(), b - b.mean()
-    if a.pow(2).sum() < 1e-24 or b.pow(2).sum() < 1e-24:  # nothing left to correlate: r is undefined, not tiny p
-        return {"r": None, "p": None, "n": len(keys), "slope": None}
-    r = ((a * b).sum() / (a.pow(2).sum() * b.pow(2).sum()).sqrt()).item()
-    gen = torch.Generator().manual_seed(0)
-    shuffled = torch.stack([b[torch.randperm(len(b), generator=gen)] for _ in range(permutations)])  # (P, n)
-    r_perm = (shuffled @ a) / (a.pow(2).sum() * b.pow(2).sum()).sqrt()  # (P,)
-    p = ((r_perm.abs() >= abs(r) - 1e-12).sum().item() + 1) / (permutations + 1)
-    return {"r": r, "p": p, "n": len(keys), "slope": ((a * b).sum() / a.pow(2).sum()).item()}
 
 
 def k3_fifths(run: Path, steps: int) -> tuple[float, float]:

@@ -23,105 +23,14 @@ unless `overwrite=true`; an unknown option, a missing folder or a comparison wit
 nothing."""
 
 import json
-import math
-import statistics
 import sys
 from pathlib import Path
 
 from aisrl.bench.cli import choice, command, flag, number, options
 from aisrl.bench.report import write_json
-from aisrl.checkpoint import checkpoint_dir, same_start
-from aisrl.compare import per_step, run_rows, seed_runs
-from aisrl.final_eval import current, scores_of
+from aisrl.bench.seeds import METRICS, check_starts, collect, summary
 
 ROOT = Path(__file__).resolve().parent.parent
-METRICS = ("reward", "greedy_accuracy", "policy_reward", "sampler_reward", "held_accuracy", "held_reward")
-
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
-
-
-def last_fifth_reward(rows: list[dict], steps: int) -> float | None:
-    """The mean training reward over the last fifth of `steps` (rows: per_step's, one per step)."""
-    tail = [r["reward"] for r in rows[:steps][-max(1, steps // 5) :] if _finite(r.get("reward"))]
-    return sum(tail) / len(tail) if tail else None
-
-
-def score(run: Path, steps: int, metric: str, rows: list[dict] | None = None) -> float | None:
-    """The run's `metric`, or None if the run is unfinished or was not scored."""
-    rows = per_step(run_rows(run)) if rows is None else rows  # (the caller's, if it read them already)
-    if len(rows) < steps:
-        return None  # unfinished
-    if metric == "reward":
-        return last_fifth_reward(rows, steps)
-    if metric == "greedy_accuracy":
-        return rows[steps - 1].get("eval_accuracy")  # None: no evaluation at the end
-    final, pointer = run / "final_eval.json", run / "checkpoints" / "latest"
-    if not final.exists():
-        return None
-    scores = json.loads(final.read_text())
-    if not current(scores):
-        return None  # scored by an older version of the scorer: `aisrl compare` scores it again
-    scored = scores.get("settings", {}).get("checkpoint")
-    if pointer.exists() and scored != pointer.read_text().strip():
-        return None  # scores of an earlier checkpoint: the run went on after it was scored
-    if scored != f"step_{steps:06d}":
-        return None  # the final model of another step than the one the training scores are read at
-    if not scores_of(scores, checkpoint_dir(run, steps)):
-        return None  # its weights changed since (retrained in place): `aisrl compare` scores it again
-    return scores.get(metric)
-
-
-def collect(
-    dirs: list[Path], kind: str, steps: int, metric: str = "reward", where: dict[int, Path] | None = None
-) -> dict[int, float]:
-    """{seed: score} of `kind` ('reference' or 'FORMAT/METHOD') over the directories: each seed's run is the first
-    finished one, and every score of the seed comes from that run (None there: the seed is left out, never filled
-    from another folder's run). `where`, if given, receives {seed: run folder}."""
-    out, chosen = {}, set()
-    for d in dirs:
-        for seed, run in seed_runs(d / kind):  # not seed07, seed_old, ...: not runs of `aisrl compare`
-            rows = [] if seed in chosen else per_step(run_rows(run))
-            if len(rows) < steps:  # chosen already, or unfinished
-                continue
-            chosen.add(seed)
-            value = score(run, steps, metric, rows)
-            if _finite(value):  # a final score is NaN where nothing was scorable: the seed is left out, as unscored
-                out[seed] = value
-                if where is not None:
-                    where[seed] = run
-    return out
-
-
-def check_starts(a: dict[int, Path], b: dict[int, Path]) -> None:
-    """Raise if two runs of one seed started from different weights (their start.json): not a pair."""
-    for seed in sorted(a.keys() & b.keys()):
-        if not same_start(a[seed], b[seed]):
-            raise ValueError(f"{a[seed]} and {b[seed]} (seed {seed}) started from different weights (start.json "
-                             "differs: a warm start rebuilt on another machine?), so their difference is not a "
-                             "paired one; pool only runs trained from one warm start")  # fmt: skip
-
-
-def sign_test(positive: int, negative: int) -> float | None:
-    """Two-sided exact sign-test p-value over the untied seeds (None without any)."""
-    n = positive + negative
-    if n == 0:
-        return None
-    tail = sum(math.comb(n, i) for i in range(min(positive, negative) + 1)) / 2**n
-    return min(1.0, 2 * tail)
-
-
-def summary(values: list[float]) -> dict:
-    n = len(values)
-    if n == 0:  # e.g. no run of a method has the asked-for final-model score yet
-        return {"n": 0, "mean": None, "std": None, "se": None, "positive": 0, "ties": 0, "sign_p": None}
-    sd = statistics.stdev(values) if n > 1 else None  # one seed has no spread
-    positive, ties = sum(v > 0 for v in values), sum(v == 0 for v in values)
-    return {"n": n, "mean": statistics.mean(values), "std": sd, "se": None if sd is None else sd / n**0.5,
-            "positive": positive, "ties": ties, "sign_p": sign_test(positive, n - positive - ties)}  # fmt: skip
-
-
 def _spread(s: dict) -> str:
     return "one seed, no spread" if s["std"] is None else f"± {s['std']:.3f}, SE {s['se']:.3f}"
 

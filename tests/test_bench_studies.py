@@ -9,6 +9,8 @@ from types import SimpleNamespace
 import pytest
 from conftest import load_benchmark
 
+from aisrl.bench import seeds
+
 
 def write_run(path, rows):
     path.mkdir(parents=True, exist_ok=True)
@@ -17,26 +19,25 @@ def write_run(path, rows):
 
 def test_scores_are_read_at_their_step_when_a_metrics_line_was_removed(tmp_path):
     # read_jsonl advises removing a damaged line; a score read by position then came from the wrong step
-    ps = load_benchmark("paired_seeds")
     rows = [{"step": s, "reward": 0.1 * s, "eval_accuracy": 0.5 if s == 10 else 0.2} for s in range(1, 13)]
     write_run(tmp_path / "run", [r for r in rows if r["step"] != 3])
-    assert ps.score(tmp_path / "run", 10, "greedy_accuracy") == 0.5  # step 10's, not step 11's
-    assert ps.score(tmp_path / "run", 10, "reward") == pytest.approx((0.9 + 1.0) / 2)  # steps 9-10, not 10-11
+    assert seeds.score(tmp_path / "run", 10, "greedy_accuracy") == 0.5  # step 10's, not step 11's
+    assert seeds.score(tmp_path / "run", 10, "reward") == pytest.approx((0.9 + 1.0) / 2)  # steps 9-10, not 10-11
 
 
 def test_paired_seeds_leaves_out_a_seed_whose_score_is_nan(tmp_path, monkeypatch):
     # final_eval writes NaN where nothing was scorable, and a training reward can be NaN: such a seed is unscored (it
     # gave a bare statistics traceback with 2+ seeds, or a NaN mean counted as a negative with one)
-    ps = load_benchmark("paired_seeds")
     for seed, value in enumerate((0.4, math.nan, 0.6)):
         write_run(tmp_path / "s" / "reference" / f"seed{seed}", [{"step": 1, "reward": value}])
-    monkeypatch.setattr(ps, "score", lambda run, steps, metric, rows: {"seed0": 0.1, "seed1": math.nan}.get(run.name))
-    assert ps.collect([tmp_path / "s"], "reference", 1, "held_reward") == {0: 0.1}
+    monkeypatch.setattr(seeds, "score", lambda run, steps, metric, rows: {"seed0": 0.1, "seed1": math.nan}.get(
+        run.name))  # fmt: skip
+    assert seeds.collect([tmp_path / "s"], "reference", 1, "held_reward") == {0: 0.1}
     monkeypatch.undo()
-    assert ps.collect([tmp_path / "s"], "reference", 1) == {0: 0.4, 2: 0.6}
+    assert seeds.collect([tmp_path / "s"], "reference", 1) == {0: 0.4, 2: 0.6}
     rows = [{"step": s, "reward": math.nan if s == 5 else 0.5} for s in range(1, 11)]
-    assert ps.last_fifth_reward(rows, 10) == 0.5  # step 5's NaN is outside the fifth; and inside:
-    assert ps.last_fifth_reward([{**r, "reward": math.nan} if r["step"] == 10 else r for r in rows], 10) == 0.5
+    assert seeds.last_fifth_reward(rows, 10) == 0.5  # step 5's NaN is outside the fifth; and inside:
+    assert seeds.last_fifth_reward([{**r, "reward": math.nan} if r["step"] == 10 else r for r in rows], 10) == 0.5
 
 
 def test_the_guard_replay_forgets_its_undo_copy_after_a_step_that_updated_nothing():
@@ -53,7 +54,7 @@ def test_mismatch_vs_gap_leaves_out_a_non_finite_k3_and_keeps_a_tag_to_one_forma
     rows = [{"step": s, "reward": 0.5, "k3_kl": math.nan if s == 10 else 0.01 * s} for s in range(1, 11)]
     write_run(tmp_path / "r", rows)
     assert mg.k3_fifths(tmp_path / "r", 10) == pytest.approx((0.015, 0.09))  # step 10's NaN left out
-    c = mg.correlation({1: 0.1, 2: math.nan, 3: 0.3, 4: 0.2}, {1: 1.0, 2: 5.0, 3: 3.0, 4: 2.0})
+    c = seeds.correlation({1: 0.1, 2: math.nan, 3: 0.3, 4: 0.2}, {1: 1.0, 2: 5.0, 3: 3.0, 4: 2.0})
     assert c["n"] == 3 and c["r"] == pytest.approx(1.0)  # not NaN with the smallest p
     for seed in range(4):
         for kind, acc in (("reference", 0.5), ("fa/tis", 0.4 + 0.01 * seed), ("fa/ais", 0.45 - 0.01 * seed)):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY_LAB, load_benchmark
 
+from aisrl.bench import seeds
 from aisrl.cli import main
 from aisrl.compare import (
     CompareConfig,
@@ -669,9 +670,9 @@ def test_paired_seeds_pools_directories_and_pairs_by_seed(tmp_path, monkeypatch)
     for scorer, expected in ((None, None), (SCORER - 1, None), (SCORER, 0.72)):
         old_scores["settings"]["scorer"] = scorer
         (stale / "final_eval.json").write_text(json.dumps(old_scores))
-        assert mod.score(stale, 10, "policy_reward") == expected
+        assert seeds.score(stale, 10, "policy_reward") == expected
     (stale / "checkpoints" / "step_000010" / "model.safetensors").write_bytes(b"retrained in place")
-    assert mod.score(stale, 10, "policy_reward") is None  # the weights scored are not there any more
+    assert seeds.score(stale, 10, "policy_reward") is None  # the weights scored are not there any more
     # the held-out greedy accuracy of the last step; a run that did not evaluate there does not count
     for d, kind, seed, acc in (("a", "reference", 0, 0.5), ("b", "reference", 1, 0.4), ("a", "fmt/none", 0, 0.45),
                                ("b", "fmt/none", 1, None)):  # fmt: skip
@@ -710,8 +711,8 @@ def test_paired_seeds_reads_every_score_of_a_seed_from_one_run_and_protects_publ
     assert not (tmp_path / "benchmarks/results/paired_fmt_held_accuracy.json").exists()
     # a final model scored at another step than the one asked for is not that step's model
     run("late", "fmt/none", 0, 0.5, "step_000002", 0.7)
-    assert mod.collect([tmp_path / "late"], "fmt/none", 2, "held_accuracy") == {0: 0.7}
-    assert mod.collect([tmp_path / "late"], "fmt/none", 1, "held_accuracy") == {}
+    assert seeds.collect([tmp_path / "late"], "fmt/none", 2, "held_accuracy") == {0: 0.7}
+    assert seeds.collect([tmp_path / "late"], "fmt/none", 1, "held_accuracy") == {}
     # every seed tied: printed, not a crash
     run("tied", "fmt/none", 0, 0.4)
     out = mod.main([*dirs[:2], tmp_path / "tied"], "fmt", ["tis", "none"], steps=2, tag="t")
@@ -727,12 +728,11 @@ def test_paired_seeds_reads_every_score_of_a_seed_from_one_run_and_protects_publ
 
 
 def test_paired_seeds_counts_ties_and_gives_an_exact_sign_test():
-    mod = load_benchmark("paired_seeds")
-    s = mod.summary([0.1, 0.2, 0.0, -0.1, 0.3, 0.0])
+    s = seeds.summary([0.1, 0.2, 0.0, -0.1, 0.3, 0.0])
     assert (s["positive"], s["ties"]) == (3, 2)
     assert s["sign_p"] == pytest.approx(2 * (1 + 4) / 16)  # 3 up, 1 down: P(X <= 1 | n=4) = 5/16, two-sided
-    assert mod.sign_test(6, 13) == pytest.approx(0.1671, abs=1e-4)  # 6 of 19 untied, as quoted in docs/ais.md
-    assert mod.sign_test(0, 0) is None and mod.sign_test(5, 0) == pytest.approx(2 / 32)
+    assert seeds.sign_test(6, 13) == pytest.approx(0.1671, abs=1e-4)  # 6 of 19 untied, as quoted in docs/ais.md
+    assert seeds.sign_test(0, 0) is None and seeds.sign_test(5, 0) == pytest.approx(2 / 32)
 
 
 def test_mixed_starts_names_the_seeds_whose_runs_began_from_other_weights():

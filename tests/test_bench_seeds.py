@@ -1,0 +1,52 @@
+"""aisrl.bench.seeds: the two-way demeaning removes additive method and seed effects exactly (also on an unbalanced
+table), and the correlation and its permutation p-value behave as a Pearson correlation should."""
+
+import random
+
+import pytest
+import torch
+
+from aisrl.bench import seeds
+
+
+def test_two_way_demeaning_leaves_only_what_is_not_a_method_or_seed_effect():
+    rng = random.Random(0)
+    method = {m: rng.gauss(0, 1) for m in "abc"}
+    seed = {s: rng.gauss(0, 1) for s in range(6)}
+    keys = [(m, s) for m in "abc" for s in range(6) if (m, s) not in {("a", 0), ("c", 5), ("c", 4)}]  # unbalanced
+    noise = {k: rng.gauss(0, 0.1) for k in keys}
+    additive = seeds.demean({k: method[k[0]] + seed[k[1]] for k in keys})
+    assert max(abs(v) for v in additive.values()) < 1e-9  # a pure method + seed table leaves nothing
+    both = seeds.demean({k: method[k[0]] + seed[k[1]] + noise[k] for k in keys})
+    alone = seeds.demean(noise)
+    assert max(abs(both[k] - alone[k]) for k in keys) < 1e-9  # the effects go, the rest stays as it was
+    for axis in (0, 1):  # every method's and every seed's residuals sum to zero
+        for g in {k[axis] for k in keys}:
+            assert abs(sum(v for k, v in both.items() if k[axis] == g)) < 1e-9
+
+
+def test_a_run_with_no_finite_k3_leaves_the_others_residuals_alone():
+    rng = random.Random(1)
+    keys = [(m, s) for m in "ab" for s in range(6)]
+    x = {k: rng.gauss(0, 1) for k in keys}
+    y = {k: 0.7 * x[k] + rng.gauss(0, 0.3) for k in keys}
+    clean = seeds.correlation(*seeds.residuals({k: v for k, v in x.items() if k != ("a", 0)}, y), permutations=500)
+    x[("a", 0)] = float("nan")  # a fifth in which every step lost its tokens
+    with_nan = seeds.correlation(*seeds.residuals(x, y), permutations=500)
+    assert with_nan["n"] == clean["n"] == 10  # run a0 out, and b0 with it (its seed's mean would be all of it)
+    assert with_nan["r"] == pytest.approx(clean["r"]) and with_nan["r"] > 0.5  # before: r None, n 0
+
+
+def test_correlation_matches_pearson_and_its_permutation_p_value_separates_signal_from_noise():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(60, generator=gen, dtype=torch.float64)
+    y = 0.5 * x + torch.randn(60, generator=gen, dtype=torch.float64)
+    c = seeds.correlation(dict(enumerate(x.tolist())), dict(enumerate(y.tolist())), permutations=2000)
+    assert c["r"] == pytest.approx(torch.corrcoef(torch.stack([x, y]))[0, 1].item(), abs=1e-12)
+    assert c["p"] < 0.01 and c["n"] == 60
+    xc, yc = x - x.mean(), y - y.mean()
+    assert c["slope"] == pytest.approx(((xc * yc).sum() / xc.pow(2).sum()).item())
+    unrelated = torch.randn(60, generator=gen, dtype=torch.float64)
+    c0 = seeds.correlation(dict(enumerate(x.tolist())), dict(enumerate(unrelated.tolist())), permutations=2000)
+    # |r| of unrelated samples of 60 is about 0.13; the permutation p of such an r is far from small
+    assert abs(c0["r"]) < 0.35 and c0["p"] > 0.01
