@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from aisrl.checkpoint import OtherModelError, atomic_write_text, latest_step, read_record, saved_weights
-from aisrl.compare import run_rows
+from aisrl.runs import run_rows
 
 
 @dataclass
@@ -226,7 +226,7 @@ def summarize_branch(rows: list[dict], step: int, fall: float, comparable: bool 
 
 def run_branches(cfg: BranchConfig, log=print) -> dict:
     """Train every branch (resuming any that started before) and write out/branches.json."""
-    from aisrl.compare import train_subprocesses
+    from aisrl.jobs import train_subprocesses
     from aisrl.trainer import train
 
     plans = branch_configs(cfg)

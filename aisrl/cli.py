@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"aisrl: error: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:  # runs of a study that failed: each logged its own traceback, say which
-        from aisrl.compare import RunsFailed
+        from aisrl.jobs import RunsFailed
 
         if not isinstance(e, RunsFailed):
             raise

@@ -30,27 +30,22 @@ Aggregation (per format and method, mean and sample standard deviation over seed
 - each final model scored with many samples (aisrl.final_eval): the full-precision trained policy's reward,
   the same through its low-precision rollout copy, and held-out accuracy, paired with the reference.
 It writes `out/compare.json` and `out/compare.png`, and with `publish=true` also the JSON and figure under
-benchmarks/results/ and a table in BENCHMARKS.md.
+benchmarks/results/ and a table in BENCHMARKS.md. One run's numbers come from aisrl.runs (summarize_run), the
+subprocesses of `jobs` > 1 from aisrl.jobs, the tables and figure from aisrl.compare_report.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import os
 import re
-import signal
-import statistics
-import subprocess
-import sys
-import threading
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from aisrl.checkpoint import latest_step, read_jsonl
+from aisrl.checkpoint import latest_step
 from aisrl.config import override_key
+from aisrl.jobs import train_subprocesses
 from aisrl.report import TIMES
+from aisrl.runs import finished, finished_rows, finite_values, last_fifth, mean_std, summarize_run
 
 REFERENCE = "reference"
 RECIPES = {
@@ -66,7 +61,6 @@ importance-weighting end point chosen at every step by its distance to a full-pr
 last 8 steps, aisrl.calibrate; calibrated_pooled the end point, and calibrated_mix the mixture of end points, whose
 gradient difference from full precision, averaged over the last 8 steps, is least; experiments, since they sample
 every batch at full precision too)."""
-DIAGNOSTICS = ("weight_reliability", "divergence_severity", "variance_amplification")
 FINALS = ("policy_reward", "sampler_reward", "held_reward", "held_accuracy")
 """Scores of each run's final model (aisrl.final_eval), aggregated like the rest."""
 
@@ -135,17 +129,6 @@ class Run:
         method = [o for o in method if override_key(o) not in given]  # `aisrl train` takes each key
         return [*cfg.train, f"seed={self.seed}", f"rollout.quant={self.fmt}", *method,
                 f"output_dir={self.path(cfg.out)}"]  # fmt: skip
-
-
-def seed_runs(folder: Path) -> list[tuple[int, Path]]:
-    """(seed, run folder) of the runs in a group folder of a study (`Run.path`: seed<N>, N as written by str(int)),
-    in seed order; anything else there (seed07, seed_old, a copy) is not a run of the study."""
-    runs = []
-    for run in Path(folder).glob("seed*"):
-        digits = run.name.removeprefix("seed")
-        if run.is_dir() and digits.isdigit() and str(int(digits)) == digits:
-            runs.append((int(digits), run))
-    return sorted(runs)
 
 
 SET_PER_RUN = {"seed": "seeds", "output_dir": "out", "rollout.quant": "formats", "correction.name": "methods"}
@@ -278,18 +261,6 @@ def plan(cfg: CompareConfig) -> list[Run]:
     return runs
 
 
-def run_rows(path: Path) -> list[dict]:
-    """The per-step metrics of the run in `path` (empty if it has none yet)."""
-    return read_jsonl(path / "metrics.jsonl")
-
-
-def per_step(rows: list[dict]) -> list[dict]:
-    """One row per step from 1 to the last logged, so that index i is step i + 1: a step whose row is missing (a
-    damaged line a user removed, as read_jsonl advises) is {"step": s}, and later steps keep their places."""
-    by_step = {r["step"]: r for r in rows}
-    return [by_step.get(s, {"step": s}) for s in range(1, (rows[-1]["step"] if rows else 0) + 1)]
-
-
 def _check_runs(runs: list[Run], cfg: CompareConfig, to_train: list[Run]) -> None:
     """Raise, before anything trains, if a run of `to_train` cannot train with its settings (naming its group), or if
     a run's recorded config (its first start's) differs from what this invocation would train. Only the runs to train
@@ -310,25 +281,6 @@ def _check_runs(runs: list[Run], cfg: CompareConfig, to_train: list[Run]) -> Non
             if changes:
                 raise ValueError(f"{run.path(cfg.out)} was trained with other settings ({'; '.join(changes)}); "
                                  f"re-run with the study's original overrides, or use a new out=")  # fmt: skip
-
-
-def finished_rows(path: Path, max_steps: int) -> list[dict] | None:
-    """The metrics rows of the run in `path` if it reached `max_steps` in them, in its latest checkpoint and in its
-    summary (so the study need not start it again), else None. Rows alone can run ahead of a checkpoint a crash cut
-    short (the trainer drops them on resume), and a summary can be left from an earlier, shorter finish of a run
-    since extended."""
-    rows = run_rows(path)
-    if not rows or rows[-1]["step"] < max_steps or (latest_step(path) or 0) < max_steps:
-        return None
-    try:
-        return rows if json.loads((path / "summary.json").read_text())["steps"] >= max_steps else None
-    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
-        return None
-
-
-def finished(path: Path, max_steps: int) -> bool:
-    """Whether the run in `path` is finished at `max_steps` (finished_rows)."""
-    return finished_rows(path, max_steps) is not None
 
 
 def run_study(cfg: CompareConfig, log=print) -> dict:
@@ -393,63 +345,6 @@ def _run_subprocesses(todo: list[Run], cfg: CompareConfig, log) -> None:
     train_subprocesses(runs, cfg.jobs, lambda m: log(f"compare: {m}"))
 
 
-class RunsFailed(RuntimeError):
-    """Some of the `aisrl train` processes of a study or branch set exited with an error (each logged its own)."""
-
-
-def train_subprocesses(runs: list[tuple[str, list[str], Path]], jobs: int, log) -> None:
-    """`jobs` concurrent `aisrl train ARGS...` processes, each limited to its share of the cores this process may use.
-    `runs` holds (label, train arguments, run folder); each process appends to the folder's train.log. If this
-    process stops (an error, Ctrl-C, SIGTERM), it stops the ones it started: left running, they would race a rerun's
-    processes for the same folders."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = max(1, cores // max(1, min(jobs, len(runs))))
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    pending, active, failed = list(runs), {}, []
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
-    try:
-        _train_loop(pending, active, failed, jobs, env, log)
-    finally:
-        for proc in active.values():
-            proc.terminate()
-        for label, proc in active.items():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log(f"stopped {label}")
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
-    if failed:
-        raise RunsFailed(f"{len(failed)} runs failed ({', '.join(failed)}); each one's train.log says why; fix "
-                         "and re-run the same command to resume them")  # fmt: skip
-
-
-def _exit_on_sigterm(signum, frame):
-    raise SystemExit(128 + signum)  # so that the `finally` above stops the children
-
-
-def _train_loop(pending: list, active: dict, failed: list, jobs: int, env: dict, log) -> None:
-    """Start runs while fewer than `jobs` are active and collect those that end, until none is left."""
-    while pending or active:
-        while pending and len(active) < jobs:
-            label, args, folder = pending.pop(0)
-            folder.mkdir(parents=True, exist_ok=True)
-            cmd = [sys.executable, "-m", "aisrl.cli", "train", *args]
-            with open(folder / "train.log", "a") as logf:  # the child keeps its own handle
-                active[label] = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
-            log(f"started {label}")
-        time.sleep(1)
-        for label, proc in list(active.items()):
-            if proc.poll() is None:
-                continue
-            del active[label]
-            if proc.returncode != 0:
-                failed.append(label)
-                log(f"{label} failed (exit {proc.returncode}), see its train.log")
-
-
 def _evaluate_finals(cfg: CompareConfig, done: list[Run], log, max_steps: int) -> set[Run]:
     """Score the final model of every run in `done` (finished ones; cached per run, so a re-run only scores new
     runs); returns the runs that could not be scored (an earlier cache of theirs does not count either). A run whose
@@ -475,78 +370,6 @@ def _evaluate_finals(cfg: CompareConfig, done: list[Run], log, max_steps: int) -
             log(f"compare: could not score {run.group} seed {run.seed} ({e}); its final-model scores stay empty")
             failed.add(run)
     return failed
-
-
-def _finite(xs: list) -> list[float]:
-    """The numbers of a series (None, NaN and inf left out: a non-finite row must not decide a summary)."""
-    return [x for x in xs if x is not None and math.isfinite(x)]
-
-
-def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
-    xs = _finite(xs)
-    if not xs:
-        return None, None
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None)  # one seed: no spread
-
-
-def _fifths(vals: list) -> tuple[float | None, float | None]:
-    """Means of the first and the last fifth of a per-step series (None and non-finite values skipped)."""
-    n = max(1, len(vals) // 5)
-    return _mean_std(vals[:n])[0], _mean_std(vals[-n:])[0]
-
-
-def _accuracies(rows: list[dict], name: str) -> dict:
-    """Greedy accuracy `name` ('eval': held-out, 'fit': training prompts) at the start, the end and its best."""
-    evals = _finite([r.get(f"{name}_accuracy") for r in rows])
-    start = (_finite([rows[0].get(f"{name}_accuracy_start")]) or [None])[0] if rows else None
-    best = max(_finite([start, *evals]), default=None)
-    return {f"{name}_start": start, f"{name}_final": evals[-1] if evals else None, f"{name}_best": best}
-
-
-def summarize_run(rows: list[dict], collapse_fraction: float, fall: float = 0.08) -> dict:
-    """One run's numbers: held-out accuracy (start, final, best; collapsed, fell), reward, mismatch, time shares.
-    Per-step series hold one entry per step from 1: a step whose row is missing (a damaged line a user removed, as
-    read_jsonl advises) is a None there, so later steps keep their places."""
-    times = {k: statistics.fmean([r.get(k, 0.0) for r in rows]) if rows else 0.0 for k in TIMES}
-    total = sum(times.values())  # 0: no phase timed (rows without timings), no time per step to report
-    rows = per_step(rows)
-    out = {
-        "steps": len(rows),
-        **_accuracies(rows, "eval"),
-        **_accuracies(rows, "fit"),
-        "reward": [r.get("reward") for r in rows],
-        "eval_curve": [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r],
-        "seconds_per_step": total or None,
-        "time_share": {k: v / total if total else None for k, v in times.items()},
-    }
-    accuracy = _finite([r.get("accuracy") for r in rows])  # share of correct samples
-    smooth = _smooth(accuracy, 10)
-    peak = max(smooth[9:] or smooth, default=0.0)  # full 10-step windows only (an early partial one is noise)
-    late = _fifths(accuracy)[1]
-    out["collapsed"] = bool(late is not None and peak > 0 and late < collapse_fraction * peak)
-    out["fell"] = out["eval_final"] is not None and out["eval_best"] - out["eval_final"] >= fall - 1e-9  # 8/100: 0.08
-    for key in ("alpha", *DIAGNOSTICS, "k3_kl", "ess"):
-        out[key] = [measured_value(r, key) for r in rows]
-        out[f"{key}_early"], out[f"{key}_late"] = _fifths(out[key])
-    out["alpha_kl_corr"] = _corr(out["alpha"], out["k3_kl"])  # does alpha move with the mismatch?
-    return out
-
-
-def measured_value(row: dict, key: str):
-    """A step's mismatch metric (k3_kl, ess, alpha, a diagnostic), None where the step measured nothing: with no token
-    the trainer could score (num_tokens 0) the correction reports 0, which is no mismatch of 0."""
-    return None if row.get("num_tokens", 1) == 0 else row.get(key)
-
-
-def _corr(xs: list, ys: list) -> float | None:
-    """Pearson correlation over the steps where both are numbers (None if undefined)."""
-    pairs = [(x, y) for x, y in zip(xs, ys, strict=True) if _finite([x]) and _finite([y])]
-    if len(pairs) < 3:
-        return None
-    try:
-        return statistics.correlation(*zip(*pairs, strict=True))
-    except statistics.StatisticsError:  # a constant series
-        return None
 
 
 def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int, done: dict | None = None,
@@ -583,11 +406,11 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int, done: dict | 
         for key in ("eval_start", "eval_final", "eval_best", "fit_start", "fit_final", "seconds_per_step",
                     "alpha_early", "alpha_late", "k3_kl_early", "k3_kl_late", "ess_early", "ess_late",
                     "alpha_kl_corr", *FINALS):  # fmt: skip
-            g[key] = _mean_std([r.get(key) for r in rs])
-        g["reward_last_fifth"] = _mean_std([_last_fifth(r) for r in rs])
+            g[key] = mean_std([r.get(key) for r in rs])
+        g["reward_last_fifth"] = mean_std([last_fifth(r) for r in rs])
         g["collapses"] = sum(r["collapsed"] for r in rs)
         g["falls"] = sum(r.get("fell", False) for r in rs)
-        g["time_share"] = {k: _mean_std([r["time_share"].get(k) for r in rs])[0] for k in TIMES}
+        g["time_share"] = {k: mean_std([r["time_share"].get(k) for r in rs])[0] for k in TIMES}
     if REFERENCE in groups:
         groups[REFERENCE]["label"] = reference_label(cfg, groups[REFERENCE]["format"])
     keep = _study_config(cfg).rollout.keep  # mixed-precision rollouts: say which layers stayed in full precision
@@ -599,13 +422,13 @@ def aggregate(cfg: CompareConfig, runs: list[Run], max_steps: int, done: dict | 
     for g in groups.values():  # paired by seed: same prompts, sampling seeds and starting weights as the reference
         # a pair counts where both sides have the number (a final score may be NaN: nothing scorable)
         seeds = [s for s in g["runs"] if s in ref and int(s) not in mixed
-                 and len(_finite([_last_fifth(g["runs"][s]), _last_fifth(ref[s])])) == 2]  # fmt: skip
+                 and len(finite_values([last_fifth(g["runs"][s]), last_fifth(ref[s])])) == 2]  # fmt: skip
         g["paired_seeds"] = sorted(int(s) for s in seeds)
-        g["reward_vs_reference"] = _mean_std([_last_fifth(g["runs"][s]) - _last_fifth(ref[s]) for s in seeds])
+        g["reward_vs_reference"] = mean_std([last_fifth(g["runs"][s]) - last_fifth(ref[s]) for s in seeds])
         scores = {s: [g["runs"][s].get("policy_reward"), ref[s].get("policy_reward")] for s in seeds}
-        both = [s for s in seeds if len(_finite(scores[s])) == 2]
+        both = [s for s in seeds if len(finite_values(scores[s])) == 2]
         g["policy_paired_seeds"] = sorted(int(s) for s in both)
-        g["policy_vs_reference"] = _mean_std([g["runs"][s]["policy_reward"] - ref[s]["policy_reward"] for s in both])
+        g["policy_vs_reference"] = mean_std([g["runs"][s]["policy_reward"] - ref[s]["policy_reward"] for s in both])
     # `machine`: where the runs started (their timings' machine, unless one moved) if recorded, else this one
     here = machine()
     return {"config": asdict(cfg), "max_steps": max_steps, "machine": trained_on[0] if trained_on else here,
@@ -623,14 +446,3 @@ def mixed_starts(groups: dict[str, dict]) -> list[int]:
     return sorted(seed for seed, s in starts.items() if len(s) > 1)
 
 
-def _last_fifth(run: dict) -> float:
-    return _fifths(run["reward"])[1]
-
-
-def _smooth(xs: list, w: int) -> list[float]:
-    """Trailing means over w steps of the numbers among them (NaN, a gap in a line, where there are none)."""
-    return [_none_nan(_mean_std(xs[max(0, i - w + 1) : i + 1])[0]) for i in range(len(xs))]
-
-
-def _none_nan(x: float | None) -> float:
-    return math.nan if x is None else x

@@ -12,7 +12,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from aisrl.compare import CompareConfig, _finite, _smooth
+from aisrl.compare import CompareConfig
+from aisrl.runs import finite_values, smooth
 
 
 def _pm(ms, scale: float = 100.0, digits: int = 1) -> str:
@@ -89,7 +90,7 @@ def final_table(result: dict) -> str:
     for g in result["groups"].values():
         if g.get("policy_reward", (None,))[0] is None:
             continue
-        scored = len(_finite([r.get("policy_reward") for r in g["runs"].values()]))  # runs with a score
+        scored = len(finite_values([r.get("policy_reward") for r in g["runs"].values()]))  # runs with a score
         delta = _delta(g, "policy_vs_reference") + _pairs(g, scored, "policy")
         lines.append(f"| {_rollout(g)} | {g['method']} | {scored} "
                      f"| {_pm(g['policy_reward'], 1, 3)} | {delta} "
@@ -112,22 +113,22 @@ def plot(result: dict, path: Path) -> None:
             if not (_is_reference(g) or g["format"] == fmt) or not g["runs"]:
                 continue
             label, rs = (_rollout(g) if _is_reference(g) else g["method"]), list(g["runs"].values())
-            curves = [_smooth(r["reward"], 10) for r in rs]
+            curves = [smooth(r["reward"], 10) for r in rs]
             steps = range(1, min(map(len, curves)) + 1)
             cols = list(zip(*[c[: len(steps)] for c in curves], strict=True))
-            (line,) = row[0].plot(steps, [statistics.fmean(_finite(c) or [math.nan]) for c in cols], label=label,
+            (line,) = row[0].plot(steps, [statistics.fmean(finite_values(c) or [math.nan]) for c in cols], label=label,
                                   ls="--" if _is_reference(g) else "-")  # fmt: skip
-            low, high = ([f(_finite(c), default=math.nan) for c in cols] for f in (min, max))
+            low, high = ([f(finite_values(c), default=math.nan) for c in cols] for f in (min, max))
             row[0].fill_between(steps, low, high, alpha=0.15, color=line.get_color())
             xs, ys = _eval_curve(rs)
-            if start := _finite([r["eval_start"] for r in rs]):  # the warm start's score, where it was taken
+            if start := finite_values([r["eval_start"] for r in rs]):  # the warm start's score, where it was taken
                 xs, ys = [0, *xs], [statistics.fmean(start), *ys]
             row[1].plot(xs, ys, "o-", ms=3, color=line.get_color(), label=label)
-            if _finite(a := _alpha_curve(rs, len(steps))):
+            if finite_values(a := _alpha_curve(rs, len(steps))):
                 row[2].plot(steps, a, color=line.get_color(), label=f"{label}: alpha")
             kl = _kl_curve(rs, len(steps))
             if any(k > 0 for k in kl):  # not the full-precision reference's exact zeros (a log scale)
-                row[3].plot(steps, _smooth(kl, 5), color=line.get_color(), label=label)
+                row[3].plot(steps, smooth(kl, 5), color=line.get_color(), label=label)
         titles = (f"{fmt}: training reward (10-step mean; band: min-max over seeds)", "held-out greedy accuracy",
                   "AIS alpha", "k3 KL(rollout || trainer), 5-step mean")  # fmt: skip
         for ax, title in zip(row, titles, strict=True):
@@ -153,13 +154,13 @@ def _eval_curve(rs: list[dict]) -> tuple[list[int], list[float]]:
 def _alpha_curve(rs: list[dict], n: int) -> list[float]:
     """Per step, the mean alpha of the seeds that have one there (a calibrated method logs none on steps whose
     correction leaves ais out); NaN, a gap in the line, where no seed has."""
-    return [statistics.fmean(_finite([r["alpha"][i] for r in rs]) or [math.nan]) for i in range(n)]
+    return [statistics.fmean(finite_values([r["alpha"][i] for r in rs]) or [math.nan]) for i in range(n)]
 
 
 def _kl_curve(rs: list[dict], n: int) -> list[float]:
     """Per step, the mean k3 KL of the seeds that measured one there; NaN, a gap in the line, where none did (a step
     that scored no token logs none: drawn as 0 it pulled the 5-step mean down)."""
-    return [statistics.fmean(_finite([r["k3_kl"][i] for r in rs]) or [math.nan]) for i in range(n)]
+    return [statistics.fmean(finite_values([r["k3_kl"][i] for r in rs]) or [math.nan]) for i in range(n)]
 
 
 def publish(cfg: CompareConfig, result: dict, root: str | Path = ".") -> None:

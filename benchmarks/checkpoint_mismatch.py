@@ -30,7 +30,7 @@ from aisrl.bench.cli import command, flag, number, numbers, options, study_folde
 from aisrl.bench.report import machine, settings_tag, update_section, write_json
 from aisrl.bench.seeds import check_starts, collect, correlation, summary
 from aisrl.checkpoint import checkpoint_dir
-from aisrl.compare import per_step, run_rows
+from aisrl.runs import per_step, run_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from copy_pull import setup  # noqa: E402  (a sibling script, not a package)

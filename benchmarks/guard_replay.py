@@ -30,7 +30,7 @@ from pathlib import Path
 
 from aisrl.bench.cli import command, number, options, study_folders
 from aisrl.bench.report import write_json
-from aisrl.compare import _finite, measured_value, per_step, run_rows, seed_runs, summarize_run
+from aisrl.runs import finite_values, measured_value, per_step, run_rows, seed_runs, summarize_run
 from aisrl.update import MismatchGuard
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +67,7 @@ def _or_nan(x) -> float:
 
 def _median(xs: list[float]) -> float:
     """The median of the finite values (a step without a measured k3 is left out; NaN if none is finite)."""
-    finite = _finite(xs)
+    finite = finite_values(xs)
     return statistics.median(finite) if finite else math.nan
 
 

@@ -23,8 +23,8 @@ from aisrl.bench.cli import command, number, options
 from aisrl.bench.report import write_json
 from aisrl.bench.seeds import collect, score, summary
 from aisrl.checkpoint import checkpoint_dir, same_start
-from aisrl.compare import per_step, run_rows, seed_runs, summarize_run
 from aisrl.final_eval import _sha256
+from aisrl.runs import per_step, run_rows, seed_runs, summarize_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SCORES = ("greedy_accuracy", "held_accuracy", "policy_reward")

@@ -28,7 +28,7 @@ from pathlib import Path
 from aisrl.bench.cli import choice, command, number, options, study_folders
 from aisrl.bench.report import update_section, write_json
 from aisrl.bench.seeds import METRICS, check_starts, collect, correlation, residuals
-from aisrl.compare import _finite, measured_value, per_step, run_rows
+from aisrl.runs import finite_values, measured_value, per_step, run_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,7 +42,7 @@ def k3_fifths(run: Path, steps: int) -> tuple[float, float]:
 
 
 def _fmean(xs: list) -> float:
-    finite = _finite(xs)
+    finite = finite_values(xs)
     return statistics.fmean(finite) if finite else math.nan
 
 

@@ -15,16 +15,15 @@ from aisrl.cli import main
 from aisrl.compare import (
     CompareConfig,
     Run,
-    _smooth,
     aggregate,
     mixed_starts,
     plan,
     reference_label,
     run_study,
-    summarize_run,
 )
 from aisrl.compare_report import final_table, publish, table
 from aisrl.final_eval import SCORER
+from aisrl.runs import smooth, summarize_run
 
 
 @pytest.fixture(autouse=True)
@@ -202,7 +201,7 @@ def test_a_removed_metrics_line_leaves_a_gap_not_a_shift_in_the_per_step_curves(
     gap = result["groups"]["int4/tis"]["runs"]["0"]
     assert gap["steps"] == 20 and gap["reward"][2] is None and gap["reward"][19] == 20.0
     assert gap["k3_kl"][:4] == [0.01, 0.02, None, 0.04] and gap["k3_kl_late"] == pytest.approx(0.185)
-    assert _smooth([1.0, None, 3.0, None], 2) == [1.0, 1.0, 3.0, 3.0] and math.isnan(_smooth([None], 3)[0])
+    assert smooth([1.0, None, 3.0, None], 2) == [1.0, 1.0, 3.0, 3.0] and math.isnan(smooth([None], 3)[0])
     drawn = []
     monkeypatch.setattr("matplotlib.axes.Axes.plot", lambda ax, *a, **k: drawn.append(a) or [Line2D([], [])])
     plot(result, tmp_path / "compare.png")
@@ -438,9 +437,10 @@ def test_settings_one_method_cannot_train_with_are_refused_before_any_run(tmp_pa
 
 def test_failed_runs_are_one_line_naming_them(monkeypatch, capsys):
     import aisrl.compare as compare
+    from aisrl.jobs import RunsFailed
 
     def fail(cfg, log=print):
-        raise compare.RunsFailed("1 runs failed (int4/tis seed 0); each one's train.log says why")
+        raise RunsFailed("1 runs failed (int4/tis seed 0); each one's train.log says why")
 
     monkeypatch.setattr(compare, "run_study", fail)
     assert main(["compare", "methods=[tis]"]) == 1
@@ -866,7 +866,7 @@ def test_guard_replay_finds_the_guards_trips_and_slow_drifts(tmp_path, monkeypat
 
 
 def test_a_run_is_finished_only_when_its_checkpoint_and_summary_reach_the_end(tmp_path):
-    from aisrl.compare import finished
+    from aisrl.runs import finished
 
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
@@ -898,7 +898,7 @@ def test_a_stopped_study_stops_the_runs_it_started_and_shares_the_cores_it_may_u
     import subprocess
     import sys
 
-    import aisrl.compare as compare
+    import aisrl.jobs as jobs
 
     started, envs, real = [], [], subprocess.Popen
 
@@ -907,7 +907,7 @@ def test_a_stopped_study_stops_the_runs_it_started_and_shares_the_cores_it_may_u
         started.append(real([sys.executable, "-c", "import time; time.sleep(60)"], **kw))
         return started[-1]
 
-    real_sleep, calls = compare.time.sleep, []
+    real_sleep, calls = jobs.time.sleep, []
 
     def interrupted(seconds):  # the study's first wait is cut short (time.sleep is the module's: waits use it too)
         calls.append(seconds)
@@ -915,13 +915,13 @@ def test_a_stopped_study_stops_the_runs_it_started_and_shares_the_cores_it_may_u
             raise KeyboardInterrupt  # Ctrl-C (SIGTERM raises SystemExit through the same path)
         real_sleep(seconds)
 
-    monkeypatch.setattr(compare.subprocess, "Popen", popen)
-    monkeypatch.setattr(compare.time, "sleep", interrupted)
+    monkeypatch.setattr(jobs.subprocess, "Popen", popen)
+    monkeypatch.setattr(jobs.time, "sleep", interrupted)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     runs = [(f"r{i}", [], tmp_path / f"r{i}") for i in range(2)]
     logs = []
     with pytest.raises(KeyboardInterrupt):
-        compare.train_subprocesses(runs, 8, logs.append)
+        jobs.train_subprocesses(runs, 8, logs.append)
     assert len(started) == 2 and all(p.poll() is not None for p in started)  # before: left running
     assert logs[-2:] == ["stopped r0", "stopped r1"]
     assert {e["OMP_NUM_THREADS"] for e in envs} == {"8"}  # 16 cores over the 2 runs there are, not over jobs=8

@@ -20,7 +20,7 @@ import torch
 
 import aisrl.trainer as trainer
 from aisrl.branch import start_from_checkpoint
-from aisrl.compare import run_rows
+from aisrl.runs import run_rows
 from aisrl.train_config import load_config
 from aisrl.update import flat_grad
 

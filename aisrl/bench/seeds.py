@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from aisrl.checkpoint import checkpoint_dir, same_start
-from aisrl.compare import per_step, run_rows, seed_runs
 from aisrl.final_eval import current, scores_of
+from aisrl.runs import per_step, run_rows, seed_runs
 
 METRICS = ("reward", "greedy_accuracy", "policy_reward", "sampler_reward", "held_accuracy", "held_reward")
 
