@@ -50,3 +50,11 @@ def test_correlation_matches_pearson_and_its_permutation_p_value_separates_signa
     c0 = seeds.correlation(dict(enumerate(x.tolist())), dict(enumerate(unrelated.tolist())), permutations=2000)
     # |r| of unrelated samples of 60 is about 0.13; the permutation p of such an r is far from small
     assert abs(c0["r"]) < 0.35 and c0["p"] > 0.01
+
+
+def test_summary_counts_ties_and_gives_an_exact_sign_test():
+    s = seeds.summary([0.1, 0.2, 0.0, -0.1, 0.3, 0.0])
+    assert (s["positive"], s["ties"]) == (3, 2)
+    assert s["sign_p"] == pytest.approx(2 * (1 + 4) / 16)  # 3 up, 1 down: P(X <= 1 | n=4) = 5/16, two-sided
+    assert seeds.sign_test(6, 13) == pytest.approx(0.1671, abs=1e-4)  # 6 of 19 untied, as quoted in docs/ais.md
+    assert seeds.sign_test(0, 0) is None and seeds.sign_test(5, 0) == pytest.approx(2 / 32)

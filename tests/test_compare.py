@@ -727,14 +727,6 @@ def test_paired_seeds_reads_every_score_of_a_seed_from_one_run_and_protects_publ
         mod.main([tmp_path / "nowhere"], "fmt", ["tis"], steps=2)
 
 
-def test_paired_seeds_counts_ties_and_gives_an_exact_sign_test():
-    s = seeds.summary([0.1, 0.2, 0.0, -0.1, 0.3, 0.0])
-    assert (s["positive"], s["ties"]) == (3, 2)
-    assert s["sign_p"] == pytest.approx(2 * (1 + 4) / 16)  # 3 up, 1 down: P(X <= 1 | n=4) = 5/16, two-sided
-    assert seeds.sign_test(6, 13) == pytest.approx(0.1671, abs=1e-4)  # 6 of 19 untied, as quoted in docs/ais.md
-    assert seeds.sign_test(0, 0) is None and seeds.sign_test(5, 0) == pytest.approx(2 / 32)
-
-
 def test_mixed_starts_names_the_seeds_whose_runs_began_from_other_weights():
     groups = {"reference": {"runs": {"0": {"start": "aa"}, "1": {"start": "aa"}, "2": {"start": None}}},
               "f/ais": {"runs": {"0": {"start": "aa"}, "1": {"start": "bb"}, "2": {"start": "cc"}}},
@@ -865,25 +857,6 @@ def test_guard_replay_finds_the_guards_trips_and_slow_drifts(tmp_path, monkeypat
         "study/f/ais/seed0"]  # fmt: skip
 
 
-def test_a_run_is_finished_only_when_its_checkpoint_and_summary_reach_the_end(tmp_path):
-    from aisrl.runs import finished
-
-    run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "reward": 0.5}) + "\n" for i in (1, 2)))
-    (run / "summary.json").write_text(json.dumps({"steps": 1}))  # from a first finish at max_steps=1
-    (run / "checkpoints" / "latest").write_text("step_000001")  # extended to 2; killed while saving step 2
-    assert finished(run, 1) and not finished(run, 2)
-    (run / "checkpoints" / "latest").write_text("step_000002")  # saved, but killed before the summary
-    assert not finished(run, 2)
-    (run / "summary.json").write_text('{"steps": 2')  # a summary cut short
-    assert not finished(run, 2)
-    (run / "summary.json").write_text(json.dumps({"steps": 2}))
-    assert finished(run, 2) and not finished(run, 3)
-    (run / "checkpoints" / "latest").unlink()
-    assert not finished(run, 2)
-
-
 def test_aggregation_reads_a_run_up_to_the_studys_step_not_its_row_count(tmp_path):
     # a run trained past the study's length, with a removed line: by position, step 11 leaked into the summary
     cfg = CompareConfig(methods=["tis"], formats=["int4"], seeds=[0], reference=False, out=str(tmp_path))
@@ -891,40 +864,6 @@ def test_aggregation_reads_a_run_up_to_the_studys_step_not_its_row_count(tmp_pat
     _write_run(Run("int4", "tis", 0).path(tmp_path), [r for r in rows if r["step"] != 3])
     run = aggregate(cfg, plan(cfg), max_steps=10)["groups"]["int4/tis"]["runs"]["0"]
     assert run["steps"] == 10 and run["reward"][-1] == 10.0 and run["eval_final"] == 0.3
-
-
-def test_a_stopped_study_stops_the_runs_it_started_and_shares_the_cores_it_may_use(tmp_path, monkeypatch):
-    import os
-    import subprocess
-    import sys
-
-    import aisrl.jobs as jobs
-
-    started, envs, real = [], [], subprocess.Popen
-
-    def popen(cmd, env, **kw):  # a run that would go on for a minute
-        envs.append(env)
-        started.append(real([sys.executable, "-c", "import time; time.sleep(60)"], **kw))
-        return started[-1]
-
-    real_sleep, calls = jobs.time.sleep, []
-
-    def interrupted(seconds):  # the study's first wait is cut short (time.sleep is the module's: waits use it too)
-        calls.append(seconds)
-        if len(calls) == 1:
-            raise KeyboardInterrupt  # Ctrl-C (SIGTERM raises SystemExit through the same path)
-        real_sleep(seconds)
-
-    monkeypatch.setattr(jobs.subprocess, "Popen", popen)
-    monkeypatch.setattr(jobs.time, "sleep", interrupted)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
-    runs = [(f"r{i}", [], tmp_path / f"r{i}") for i in range(2)]
-    logs = []
-    with pytest.raises(KeyboardInterrupt):
-        jobs.train_subprocesses(runs, 8, logs.append)
-    assert len(started) == 2 and all(p.poll() is not None for p in started)  # before: left running
-    assert logs[-2:] == ["stopped r0", "stopped r1"]
-    assert {e["OMP_NUM_THREADS"] for e in envs} == {"8"}  # 16 cores over the 2 runs there are, not over jobs=8
 
 
 def test_the_final_table_says_how_many_pairs_a_paired_difference_rests_on():
