@@ -135,7 +135,11 @@ def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
                          "smaller salts")  # fmt: skip
     out = []
     for salt in cfg.salts:
-        args = [base, *cfg.train, f"sample_salt={own + salt}", f"output_dir={_out(cfg) / f'salt{salt}'}"]
+        dst = _out(cfg) / f"salt{salt}"
+        drawn = own + salt
+        if (dst / "checkpoints" / "latest").is_file() and (dst / "config.json").is_file():  # started: resumed as
+            drawn = read_record(dst / "config.json").get("sample_salt", drawn)  # it began (salts once replaced it)
+        args = [base, *cfg.train, f"sample_salt={drawn}", f"output_dir={dst}"]
         tc = load_config(args[0], args[1:])
         validate(tc, output="out")
         if tc.max_steps <= cfg.step:
@@ -308,10 +312,22 @@ def _earlier_branches(path: Path, cfg: BranchConfig) -> dict:
         earlier = read_record(path)
     except (FileNotFoundError, ValueError):  # none yet, or damaged: this call's branches only
         return {}
-    same = ("run", "step", "train", "preset", "fall")
+    same = ("step", "train", "preset", "fall")  # the run: by each branch's branch.json (a path may be spelt otherwise)
     if any(earlier.get("config", {}).get(k) != asdict(cfg)[k] for k in same):
         return {}
-    return {k: v for k, v in earlier.get("branches", {}).items() if (path.parent / f"salt{k}").is_dir()}
+    kept = earlier.get("branches", {}).items()
+    return {k: v for k, v in kept if _branched_from(Path(cfg.run), cfg.step, path.parent / f"salt{k}")}
+
+
+def _branched_from(run: Path, step: int, dst: Path) -> bool:
+    """Whether the branch folder `dst` exists and was branched from `run` at `step` (its branch.json)."""
+    if not (dst / "branch.json").is_file():
+        return False
+    try:
+        _check_branch_point(run, step, dst)
+    except ValueError:
+        return False
+    return True
 
 
 def table(result: dict) -> str:

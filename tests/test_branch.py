@@ -57,6 +57,8 @@ def test_salt_zero_replays_the_run_and_another_salt_draws_other_samples(run, tmp
     assert any(x.startswith("branch salt 1: ") and "already at step 4 (max_steps=4)" in x for x in logs)  # was silent
     # branches.json keeps the branch of salt 0 that the earlier call made (it held this call's salts only)
     assert set(again["branches"]) == {"0", "1"} and again["config"]["salts"] == [0, 1]
+    spelt = run_branches(BranchConfig(run=f"{run}/.", step=2, salts=[1], out=str(tmp_path / "b")), log=lambda _: None)
+    assert set(spelt["branches"]) == {"0", "1"}  # the run named otherwise: its branches are still its own
     assert json.loads((tmp_path / "b" / "branches.json").read_text())["branches"]["0"] == saved["branches"]["0"]
     # the same folder asked to branch from another step is refused, not silently resumed from step 2
     other = BranchConfig(run=str(run), step=4, salts=[1], out=str(tmp_path / "b"), train=["max_steps=6"])
@@ -270,6 +272,11 @@ def test_a_branch_of_a_branch_replays_it_at_salt_zero(run, tmp_path):
     assert [untimed(r) for r in rows(tmp_path / "c" / "salt0")] == [untimed(r) for r in rows(child)]
     assert json.loads((tmp_path / "c" / "salt1" / "config.json").read_text())["sample_salt"] == 2
     assert rows(tmp_path / "c" / "salt1")[4]["loss"] != rows(child)[4]["loss"] and res["config"]["salts"] == [0, 1]
+    # a branch started when salts replaced the run's sample_salt (it recorded 1, the salt alone) resumes as it began
+    recorded = tmp_path / "c" / "salt1" / "config.json"
+    recorded.write_text(json.dumps({**json.loads(recorded.read_text()), "sample_salt": 1}))
+    cfgs = branch_configs(BranchConfig(run=str(child), step=4, salts=[0, 1], out=str(tmp_path / "c")))
+    assert [c.sample_salt for _, c, _ in cfgs] == [1, 1]  # salt 0: the child's own 1; salt 1: as recorded
 
 
 def test_a_started_branch_resumes_after_its_run_dropped_the_checkpoint_and_moved(run, tmp_path):

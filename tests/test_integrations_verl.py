@@ -260,21 +260,35 @@ def test_without_global_counts_the_loss_is_the_aisrl_loss_whatever_verls_fallbac
 def test_a_missing_verl_and_a_broken_one_are_told_apart(tmp_path, monkeypatch):
     """Any ImportError read as 'pip install verl', though verl pins its own transformers: an installed verl whose
     import fails on a dependency got advice that could not help."""
+    import importlib.util
     import sys
 
+    from aisrl.integrations import import_error
+
+    not_installed = ModuleNotFoundError("No module named 'verl'", name="verl")
+    assert str(import_error(not_installed, "verl", "FIX", "verl>=0.7")) == "FIX"
+    too_old = ImportError("cannot import name 'GRPOTrainer' from 'trl'", name="trl")  # a TRL without it
+    assert "trl is installed, but a version without what" in str(import_error(too_old, "trl", "FIX", "trl>=1"))
+    if importlib.util.find_spec("verl") is None:  # the real thing, where verl is not installed
+        with pytest.raises(ImportError, match=r"^aisrl.integrations.verl.install\(\) needs verl: pip install "
+                                              r"'verl>=0.7'$"):  # fmt: skip
+            install()
     for name in [m for m in sys.modules if m == "verl" or m.startswith("verl.")]:
         monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "verl", None)  # not installed
-    with pytest.raises(ImportError, match=r"^aisrl.integrations.verl.install\(\) needs verl: pip install verl$"):
-        install()
-    monkeypatch.delitem(sys.modules, "verl")
-    pkg = tmp_path / "verl" / "trainer" / "ppo"
-    pkg.mkdir(parents=True)
-    for folder in (tmp_path / "verl", tmp_path / "verl" / "trainer", pkg):
-        (folder / "__init__.py").write_text("")
-    (pkg / "core_algos.py").write_text("from transformers import NoSuchThingInThisVersion\n")
+    (tmp_path / "verl").mkdir()
+    (tmp_path / "verl" / "__init__.py").write_text("")  # a verl without verl.trainer.ppo: another version
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
+        with pytest.raises(ImportError, match=r"verl is installed, but a version without what aisrl uses "
+                                              r"\(ModuleNotFoundError: .*verl.trainer.*pip install -U 'verl>=0.7'"):
+            install()
+        for name in [m for m in sys.modules if m == "verl" or m.startswith("verl.")]:
+            del sys.modules[name]
+        pkg = tmp_path / "verl" / "trainer" / "ppo"
+        pkg.mkdir(parents=True)
+        for folder in (tmp_path / "verl" / "trainer", pkg):
+            (folder / "__init__.py").write_text("")
+        (pkg / "core_algos.py").write_text("from transformers import NoSuchThingInThisVersion\n")
         with pytest.raises(ImportError, match=r"verl is installed but does not import \(ImportError: cannot import "
                                               r"name 'NoSuchThingInThisVersion'.*pip check"):  # fmt: skip
             install()

@@ -56,7 +56,7 @@ except ImportError as e:  # not installed, or broken: each named
     from aisrl.integrations import import_error
 
     fix = "aisrl.integrations.trl needs TRL: pip install 'aisrl[trl]' (or pip install trl)"
-    raise import_error(e, "trl", fix) from e
+    raise import_error(e, "trl", fix, "trl>=1.16,<2") from e
 
 from aisrl.correction import CORRECTIONS, check_options, correct
 from aisrl.diagnostics import prepare

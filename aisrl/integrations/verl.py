@@ -252,7 +252,9 @@ def install(options: dict[str, dict] | None = None) -> list[str]:
     except ImportError as e:
         from aisrl.integrations import import_error
 
-        raise import_error(e, "verl", "aisrl.integrations.verl.install() needs verl: pip install verl") from e
+        need = f"verl>={'.'.join(map(str, MIN_VERL))}"
+        fix = f"aisrl.integrations.verl.install() needs verl: pip install '{need}'"
+        raise import_error(e, "verl", fix, need) from e
     check_verl(core_algos, _verl_version())
     options = options or {}
     for key in options:
