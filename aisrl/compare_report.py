@@ -75,9 +75,11 @@ def _delta(g: dict, key: str) -> str:
 def _pairs(g: dict, n: int, of: str = "reward") -> str:
     """How many seeds the paired difference of `of` (reward: training reward; policy: the final model's) rests on,
     where fewer than the `n` runs its row counts."""
-    k = len(g.get("paired_seeds" if of == "reward" else f"{of}_paired_seeds", []))
+    key = "paired_seeds" if of == "reward" else f"{of}_paired_seeds"
+    if key not in g:  # a result aggregated before the pairs were recorded: how many is unknown, not 0
+        return ""
     paired = not _is_reference(g) and g.get(f"{of}_vs_reference", (None,))[0] is not None
-    return f" ({k} pairs)" if paired and k != n else ""
+    return f" ({len(g[key])} pairs)" if paired and len(g[key]) != n else ""
 
 
 def final_table(result: dict) -> str:
