@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from aisrl.checkpoint import atomic_write_text
+from aisrl.checkpoint import atomic_write_text, read_record
 
 SEED_BASE = 7_000_000_000
 """Sampling seeds of the evaluation: SEED_BASE + i for the i-th request, the same for every run."""
@@ -119,11 +119,10 @@ def _settings(checkpoint: str, digest: str, cfg, samples: int, held_samples: int
         out["dataset_sha256"] = _dataset_sha256(cfg.dataset)
     if cfg.rollout.engine == "static":  # the trained model samples through an FP32 engine (scores cached before: HF)
         out["trained_sampler"] = "engine_fp32"
-    from aisrl.models import TINY
     from aisrl.tasks import TASKS
 
-    if cfg.model.name not in ("lab", "smollm2", *TINY):  # a model of the user's: a chat template with a thinking mode
-        out["prompts"] = 2  # (Qwen3) is closed in the prompt since version 2; scores cached before asked it to think
+    if _users_model(cfg.model.name):  # its chat template may have a thinking mode (Qwen3), closed in prompts since
+        out["prompts"] = PROMPTS  # version 2: scores cached before asked it to think first
     name = cfg.lab.task if cfg.model.name == "lab" else cfg.task  # the lab trains on its own task
     for key in ("problems_version", "scorer_version"):  # the task's problems, or its judging, changed: scored again
         version = getattr(TASKS.get(name), key, 1)
@@ -162,10 +161,33 @@ def _read(cache: Path) -> dict:
 
 def scores_of(scores: dict, ckpt: Path) -> bool:
     """Whether cached scores (a final_eval.json) are this version of the scorer's, of checkpoint `ckpt` as its
-    weights are now."""
+    weights are now, made with this version's prompts."""
     settings, weights = scores.get("settings", {}), ckpt / "model.safetensors"
     return (current(scores) and settings.get("checkpoint") == ckpt.name and weights.is_file()
-            and settings.get("weights_sha256") == _sha256(weights))  # fmt: skip
+            and settings.get("weights_sha256") == _sha256(weights)
+            and _prompts_current(settings, ckpt.parent.parent))  # fmt: skip
+
+
+PROMPTS = 2
+"""Version of the prompts of a user's model: 2 closes a chat template's thinking mode (aisrl.models.prompt_ids)."""
+
+
+def _users_model(name: str) -> bool:
+    """A model of the user's (a local or hub checkpoint), not the lab, SmolLM2 (no thinking mode) or a tiny one."""
+    from aisrl.models import TINY
+
+    return name not in ("lab", "smollm2", *TINY)
+
+
+def _prompts_current(settings: dict, run_dir: Path) -> bool:
+    """False for scores of a user's model (the run's config.json says) made with earlier prompts."""
+    if settings.get("prompts") == PROMPTS:
+        return True
+    try:
+        name = read_record(run_dir / "config.json").get("model", {}).get("name", "lab")
+    except (OSError, ValueError):  # no readable record: which model it was cannot be told
+        return True
+    return not _users_model(name)
 
 
 def current(scores: dict) -> bool:

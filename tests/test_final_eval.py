@@ -264,3 +264,27 @@ def test_a_lora_run_is_scored_with_its_adapters_merged(tmp_path, monkeypatch):
     assert delta.abs().max() > 0  # training moved the adapters
     torch.testing.assert_close(scored[f"{name}.weight"], saved[f"{at}.base_layer.weight"] + delta)
     assert not any("lora" in k for k in scored)  # a plain model: the rollout copy syncs from it as in training
+
+
+def test_scores_of_a_users_model_made_with_earlier_prompts_are_not_read(tmp_path):
+    """Prompts close a chat template's thinking mode since version 2: a user model's cached scores from before are
+    stale for aggregation too (cached_scores), not only for evaluate_final's own settings check."""
+    import hashlib
+    import json
+
+    from aisrl.final_eval import SCORER, cached_scores
+
+    for name in ("/models/qwen3", "lab"):
+        run = tmp_path / name.strip("/").replace("/", "_")
+        ckpt = run / "checkpoints" / "step_000002"
+        ckpt.mkdir(parents=True)
+        (ckpt / "model.safetensors").write_bytes(b"w")
+        (ckpt / "state.pt").write_bytes(b"s")
+        (run / "checkpoints" / "latest").write_text("step_000002")
+        (run / "config.json").write_text(json.dumps({"model": {"name": name}}))
+        settings = {"checkpoint": "step_000002", "scorer": SCORER, "samples": 4,
+                    "weights_sha256": hashlib.sha256(b"w").hexdigest()}  # fmt: skip
+        (run / "final_eval.json").write_text(json.dumps({"settings": settings, "policy_reward": 0.5}))
+        assert (cached_scores(run, 4) is None) == (name != "lab")  # the lab's prompts never changed
+        (run / "final_eval.json").write_text(json.dumps({"settings": {**settings, "prompts": 2}, "policy_reward": 0.5}))
+        assert cached_scores(run, 4)["policy_reward"] == 0.5
