@@ -286,7 +286,7 @@ def test_reasoning_gym_answers_never_reach_a_scorer_as_code_or_as_an_endless_pow
     pytest.importorskip("reasoning_gym")
     import time
 
-    from aisrl.tasks import _score_in_child
+    from aisrl.tasks.data import _score_in_child
 
     task = make_task("reasoning_gym", generator="countdown")  # its scorer parses answers with sympy (eval)
     p = task.problems("train", 1, seed=0)[0]
@@ -312,12 +312,12 @@ def test_reasoning_gym_answers_never_reach_a_scorer_as_code_or_as_an_endless_pow
 
 def test_reasoning_gym_answers_that_may_evaluate_for_ever_or_raise_give_no_credit(monkeypatch):
     pytest.importorskip("reasoning_gym")
-    import aisrl.tasks as tasks
+    import aisrl.tasks.data as data
 
     task = make_task("reasoning_gym", generator="countdown")
     p = task.problems("train", 1, seed=0)[0]
     sent = []
-    monkeypatch.setattr(tasks, "_score_in_child", lambda score, answer, entry: sent.append(answer) or 0.0)
+    monkeypatch.setattr(data, "_score_in_child", lambda score, answer, entry: sent.append(answer) or 0.0)
     # each of these ran in the trainer's process for minutes (sympy evaluates them); now in a child killed in 5 s
     slow = ["9999999!", "factorial(9999999)", "gamma (9999999)", "1e99999999", "2 E+999", "9**9**9", "9^9^9"]
     assert not any(task.check(a, p) for a in slow) and sent == slow
@@ -391,7 +391,7 @@ def test_word_answers_need_no_math_verify(monkeypatch):
 
 
 def test_sudoku4_draws_every_grid_and_splits_by_grid():
-    from aisrl.tasks import _sudoku4_grids
+    from aisrl.tasks.procedural import _sudoku4_grids
 
     grids = _sudoku4_grids()
     assert len(grids) == len(set(grids)) == 288 and all(Sudoku4.valid(g) for g in grids)  # 4x4 Sudoku has 288
