@@ -109,7 +109,8 @@ def branch_configs(cfg: BranchConfig) -> list[tuple[int, object, list[str]]]:
     """(salt, TrainConfig, `aisrl train` arguments) of every branch; checks the run, the step and the settings
     before anything runs."""
     from aisrl.config import check_once, override_key
-    from aisrl.train_config import MAX_SALT, load_config, validate
+    from aisrl.train_checks import MAX_SALT, validate
+    from aisrl.train_config import load_config
 
     check_once(cfg.train, " in the training keys (train=[...] and bare keys)")
     run = Path(cfg.run)

@@ -163,7 +163,8 @@ def _run_config(args, log=print):
 
 def _eval(args) -> int:
     from aisrl.checkpoint import latest_checkpoint
-    from aisrl.train_config import resolve_device, validate
+    from aisrl.train_checks import validate
+    from aisrl.train_config import resolve_device
     from aisrl.trainer import build_trained, evaluate, make_policy, problem_sets
 
     cfg = _run_config(args)

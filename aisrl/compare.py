@@ -266,7 +266,8 @@ def _check_runs(runs: list[Run], cfg: CompareConfig, to_train: list[Run]) -> Non
     a run's recorded config (its first start's) differs from what this invocation would train. Only the runs to train
     must be able to train here: a study trained on a GPU aggregates on a CPU."""
     from aisrl.checkpoint import config_changes
-    from aisrl.train_config import TrainConfig, load_config, validate
+    from aisrl.train_checks import validate
+    from aisrl.train_config import TrainConfig, load_config
 
     for run in runs:
         tc = load_config(cfg.preset, run.overrides(cfg))

@@ -52,6 +52,7 @@ from aisrl.quant import quantize_, sync_weights
 from aisrl.rollout import SamplingParams, device_of
 from aisrl.solrl import select_extremes
 from aisrl.tracking import Tracker
+from aisrl.train_checks import validate
 from aisrl.train_config import (
     PRECISIONS,
     LoraSettings,
@@ -61,7 +62,6 @@ from aisrl.train_config import (
     resolve_device,
     rollout_format,
     task_kwargs,
-    validate,
 )
 from aisrl.update import MismatchGuard, _eval_mode, _update, accumulate_gradient, active_dropout, flat_grad
 

@@ -25,7 +25,8 @@ import torch
 from aisrl.bench.cli import command, number, subcommand
 from aisrl.bench.report import machine, staged_json, update_section
 from aisrl.report import TRAIN_PARTS
-from aisrl.train_config import load_config, validate
+from aisrl.train_checks import validate
+from aisrl.train_config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = {

@@ -19,7 +19,8 @@ from aisrl.calibrate import (
 )
 from aisrl.checkpoint import latest_checkpoint
 from aisrl.correction import correct
-from aisrl.train_config import load_config, validate
+from aisrl.train_checks import validate
+from aisrl.train_config import load_config
 from aisrl.trainer import train
 
 

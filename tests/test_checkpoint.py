@@ -154,7 +154,8 @@ def test_pruning_keeps_this_runs_previous_checkpoint_and_drops_an_abandoned_star
 def test_a_run_keeps_the_checkpoints_it_is_told_to(tmp_path, monkeypatch):
     from conftest import TINY_LAB
 
-    from aisrl.train_config import load_config, validate
+    from aisrl.train_checks import validate
+    from aisrl.train_config import load_config
     from aisrl.trainer import train
 
     monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))

@@ -131,7 +131,8 @@ def test_the_kl_reference_of_an_aligned_run_is_aligned_too(tmp_path, monkeypatch
 
 
 def test_settings_that_would_bring_the_mismatch_back_are_refused():
-    from aisrl.train_config import load_config, validate
+    from aisrl.train_checks import validate
+    from aisrl.train_config import load_config
 
     base = ["rollout.align=true", "loss=tbpo", "correction.name=none"]
     # BF16 autocast of every operation the aligned layers do not cover: the copy computes them in FP32

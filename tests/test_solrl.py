@@ -57,7 +57,8 @@ def test_trainer_with_solrl_pool_and_qarl_tbpo_runs(tmp_path, monkeypatch):
 
 def test_more_samples_a_step_than_the_seed_streams_hold_is_refused():
     # a step's sampling seeds are stream * 4096 + row: past 4096 rows they would repeat the next step's
-    from aisrl.train_config import load_config, validate
+    from aisrl.train_checks import validate
+    from aisrl.train_config import load_config
 
     validate(load_config("lab", ["prompts_per_step=256", "group_size=16"]))  # 4096 exactly
     with pytest.raises(ValueError, match=r"seed must be in \[0, 1000000000\)"):  # seed * 1000003 * 4096 in int64
@@ -127,7 +128,7 @@ def test_trainer_trains_on_each_prompts_extremes_and_counts_error_tokens_of_the_
 
 
 def test_solrl_refuses_bypass():
-    from aisrl.train_config import validate
+    from aisrl.train_checks import validate
 
     with pytest.raises(ValueError, match="rescores the kept samples at training precision.*correction.bypass=false"):
         validate(load_config("lab", ["rollout.pool=16", "correction.name=none", "correction.bypass=true"]))

@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 from aisrl.checkpoint import latest_checkpoint, load_checkpoint, run_start, same_start, save_checkpoint, weights_digest
 from aisrl.cli import main
 from aisrl.tasks import Problem
-from aisrl.train_config import PRESET_DIR, load_config, validate
+from aisrl.train_checks import validate
+from aisrl.train_config import PRESET_DIR, load_config
 from aisrl.trainer import build, train
 
 TINY = [*TINY_LAB, "eval_every=2", "warmup_steps=5"]  # warm-up spans the resume point: lr must match
