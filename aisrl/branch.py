@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from aisrl.checkpoint import OtherModelError, atomic_write_text, latest_step, read_record, saved_weights
-from aisrl.runs import run_rows
+from aisrl.runs import finite_values, measured_value, run_rows
 
 
 @dataclass
@@ -215,7 +215,7 @@ def summarize_branch(rows: list[dict], step: int, fall: float, comparable: bool 
     after = [r for r in rows if r["step"] > step]
     start = evals.get(step)  # None when the run did not evaluate at the branch point
     end = evals[max(evals)] if evals and max(evals) > step else None
-    k3 = [r["k3_kl"] for r in after if "k3_kl" in r]
+    k3 = finite_values([measured_value(r, "k3_kl") for r in after])  # a step that scored no token measured nothing
     change = None if start is None or end is None or not comparable else end - start
     return {
         "steps": len(after),

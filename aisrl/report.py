@@ -11,7 +11,8 @@ from aisrl.checkpoint import atomic_write_text, read_jsonl
 
 
 def _mean(xs):
-    """The mean of the finite values (None, NaN and inf left out, as in aisrl.compare); None if there are none."""
+    """The mean of the finite values (None, NaN and inf left out, as aisrl.runs.finite_values does); None if there
+    are none."""
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     return sum(xs) / len(xs) if xs else None
 

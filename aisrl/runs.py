@@ -1,12 +1,13 @@
 """One run's records and numbers: its per-step metrics, whether it finished, and its summary.
 
 A run of `aisrl train` leaves metrics.jsonl (one row per step), checkpoints/ and, once finished, summary.json. The
-comparison study (aisrl.compare), branches (aisrl.branch) and the benchmark scripts read runs through these
-functions, so that "finished", "the k3 KL of a step" and "the held-out accuracy at the start, the end and its best"
-mean one thing everywhere. `summarize_run` gives one run's numbers: held-out and training-prompt greedy accuracy,
-whether it collapsed (last-fifth training accuracy below a fraction of its best 10-step mean) or fell (final held-out
-accuracy `fall` below its best evaluation), its reward curve, alpha, the AIS diagnostics and the mismatch (k3 KL,
-sequence ESS/N) early and late (first and last fifth of steps), and the share of step time per phase.
+comparison study (aisrl.compare) and the benchmark scripts read runs through these functions, so that "finished",
+"the k3 KL of a step" (measured_value: none where the step scored no token) and "the held-out accuracy at the start,
+the end and its best" mean one thing for both; branches (aisrl.branch) read their rows and k3 KL the same way.
+`summarize_run` gives one run's numbers: held-out and training-prompt greedy accuracy, whether it collapsed
+(last-fifth training accuracy below a fraction of its best 10-step mean) or fell (final held-out accuracy `fall`
+below its best evaluation), its reward curve, alpha, the AIS diagnostics and the mismatch (k3 KL, sequence ESS/N)
+early and late (first and last fifth of steps), and the share of step time per phase.
 """
 
 from __future__ import annotations

@@ -294,7 +294,6 @@ PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 
 def resolve_device(name: str) -> torch.device:
     """'auto' | 'cpu' | 'cuda' | 'cuda:N' -> the device this process trains on (checked to exist)."""
-
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda:") and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every rank would take that GPU

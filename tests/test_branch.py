@@ -138,6 +138,8 @@ def test_summary_and_table_of_a_fall():
     assert s["eval_change"] == pytest.approx(-0.10) and s["fell"] is True and s["steps"] == 2
     assert s["accuracy"] == pytest.approx(0.15) and s["k3_kl_mean"] == pytest.approx(0.02) and s["k3_kl_max"] == 0.03
     assert summarize_branch(rs, 4, fall=0.12)["fell"] is False
+    unscored = rs + [{"step": 7, "accuracy": 0.1, "k3_kl": 0.0, "num_tokens": 0}]  # a step that scored no token:
+    assert summarize_branch(unscored, 4, fall=0.08)["k3_kl_mean"] == pytest.approx(0.02)  # no k3 of 0, as in studies
     assert summarize_branch(rs[1:], 4, fall=0.08)["eval_start"] is None  # no evaluation at the branch point
     res = {"config": {"fall": 0.08}, "branches": {"1": s}, "fell": 1, "scored": 1, "eval_change_mean": -0.1}
     assert "| 1 | 50.0 | 40.0 | -10.0 | 15.0 | 0.0200 / 0.0300 |" in table(res) and "1 of 1 branches fell" in table(res)

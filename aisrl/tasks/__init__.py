@@ -16,13 +16,25 @@ Sudoku4's solution grid), 1 in 8 held out, so the two splits are disjoint by con
 from __future__ import annotations
 
 from aisrl.config import check_like_default
-from aisrl.tasks.base import _REQUIRED, FORMAT_RE, INSTRUCTION, Problem, Task, _split_of, extract_answer
-from aisrl.tasks.data import JsonlMath, ReasoningGym, read_rows
+from aisrl.tasks.base import (
+    _REQUIRED,
+    CORRECT_POINTS,
+    FORMAT_POINTS,
+    FORMAT_RE,
+    INSTRUCTION,
+    Problem,
+    Task,
+    _split_of,
+    extract_answer,
+)
+from aisrl.tasks.data import MAX_GYM_ANSWER, JsonlMath, ReasoningGym, read_rows
 from aisrl.tasks.procedural import Arithmetic, Countdown, Sudoku4, column_trace
 
-__all__ = ["FORMAT_RE", "INSTRUCTION", "PROCEDURAL", "TASKS", "Arithmetic", "Countdown", "JsonlMath", "Problem",
-           "ReasoningGym", "Sudoku4", "Task", "check_task", "column_trace", "extract_answer", "make_task",
-           "read_rows", "_split_of"]  # fmt: skip
+__all__ = [
+    "CORRECT_POINTS", "FORMAT_POINTS", "FORMAT_RE", "INSTRUCTION", "MAX_GYM_ANSWER", "PROCEDURAL", "TASKS",
+    "Arithmetic", "Countdown", "JsonlMath", "Problem", "ReasoningGym", "Sudoku4", "Task", "check_task",
+    "column_trace", "extract_answer", "make_task", "read_rows", "_split_of",
+]
 
 TASKS = {
     "arithmetic": Arithmetic,

@@ -1,6 +1,6 @@
 """Tasks read from data: a local JSONL file or folder of free-form math (math-verify, with a lenient numeric
-fallback), and reasoning-gym's procedural datasets (scored by reasoning-gym itself, in a child process with a
-timeout)."""
+fallback), and reasoning-gym's procedural datasets (scored by reasoning-gym itself; an answer that could evaluate for
+ever, or looks like code, in a child process with a timeout)."""
 
 from __future__ import annotations
 
