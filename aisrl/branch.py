@@ -190,9 +190,9 @@ def held_out_changes(run: Path, base: str, branch) -> list[str]:
     without a recorded config (`base` a preset) is taken at its preset's word."""
     import dataclasses
 
+    from aisrl.build import problem_sets, task_of
     from aisrl.checkpoint import config_changes
     from aisrl.train_config import load_config
-    from aisrl.trainer import problem_sets, task_of
 
     if base != str(run / "config.json"):
         return []

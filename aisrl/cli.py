@@ -162,10 +162,11 @@ def _run_config(args, log=print):
 
 
 def _eval(args) -> int:
+    from aisrl.build import build_trained, make_policy, problem_sets
     from aisrl.checkpoint import latest_checkpoint
     from aisrl.train_checks import validate
     from aisrl.train_config import resolve_device
-    from aisrl.trainer import build_trained, evaluate, make_policy, problem_sets
+    from aisrl.trainer import evaluate
 
     cfg = _run_config(args)
     validate(cfg, output=None)  # an override (eval_problems=0, seed=-1) is named as in training; nothing written

@@ -301,7 +301,7 @@ def run_study(cfg: CompareConfig, log=print) -> dict:
     if cfg.jobs > 0 and todo:
         log(f"compare: {len(todo)} of {len(runs)} runs to do, {cfg.jobs} at a time, in {cfg.out}")
         if base.model.name == "lab":  # build the cached warm start once, before runs race to build it
-            from aisrl.trainer import build
+            from aisrl.build import build
 
             build(base)  # the causal or the diffusion lab model, as the preset says
         (_run_here if cfg.jobs == 1 else _run_subprocesses)(todo, cfg, log)

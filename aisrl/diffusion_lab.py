@@ -92,7 +92,9 @@ def diffusion_lab_model(cfg: LabConfig, params: DiffusionParams, verbose: bool =
 
 @dataclass
 class _Key:
-    """What determines the warm start (the cache key): the lab config and the generation geometry."""
+    """What determines the warm start (the cache key): the lab config and the generation settings. The denoising
+    steps and remasking rule belong to it although they train nothing: with `lab.target` set, the SFT stops at the
+    first held-out check inside the band, and that check samples with them; info.json records its accuracy."""
 
     lab: LabConfig
     gen_length: int

@@ -122,8 +122,8 @@ def _subject(cfg: DoctorConfig, model, tok, checkpoint: tuple[str, Path] | None 
     (_run_checkpoint's settings and weights, for `start`), or a model with the doctor's prompts; `precision` is the
     trainer's (a preset's `precision`, fp32 without one), at which the full-precision side scores."""
     if cfg.preset or checkpoint is not None:
+        from aisrl.build import build, build_trained, make_policy
         from aisrl.train_config import load_config
-        from aisrl.trainer import build, build_trained, make_policy
 
         base, weights = checkpoint or (cfg.preset, None)
         tcfg = load_config(base)

@@ -48,7 +48,7 @@ that scale or soft-cap their logits)."""
 
 
 def _rewards(policy, model, task, tok, encode, problems: list, samples: int, kv_fp8: bool = False) -> list[tuple]:
-    from aisrl.trainer import task_rewards
+    from aisrl.build import task_rewards
 
     rows = [p for p in problems for _ in range(samples)]
     out = []
@@ -103,16 +103,30 @@ ADDED_LATER = (
 set away from their default, so adding a field does not make every cached score stale."""
 
 
-def _settings(checkpoint: str, digest: str, cfg, samples: int, held_samples: int) -> dict:
-    """What a cached score depends on: the weights, the evaluation's sizes and seeds, and the run's
-    configuration (sampling parameters, task, pools, rollout format; everything but its directory) and, for a
-    local dataset, its contents."""
-    run = {k: v for k, v in asdict(cfg).items() if k not in ("output_dir", "keep_checkpoints")}  # where, what is kept
+SCHEDULE = ("max_steps", "eval_every", "checkpoint_every")
+"""When a run stops, evaluates and checkpoints: they change no score of a given checkpoint (its name and weights are in
+the settings), so a study re-run with another checkpoint_every keeps its cached scores. Scores cached while they were
+hashed are still read (`_config_hash(cfg, schedule=True)`)."""
+
+
+def _config_hash(cfg, schedule: bool = False) -> str:
+    """Hash of the run's configuration as scoring sees it: everything but where it is written, which checkpoints it
+    keeps and (unless `schedule`, the hash of caches written before SCHEDULE left it) when it stops, evaluates and
+    checkpoints."""
+    drop = ("output_dir", "keep_checkpoints", *(() if schedule else SCHEDULE))
+    run = {k: v for k, v in asdict(cfg).items() if k not in drop}
     for section, key, default in ADDED_LATER:  # at its default, a field added later leaves earlier scores valid
         where = run[section] if section else run
         if where.get(key) == default:
             del where[key]
-    run_hash = hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _settings(checkpoint: str, digest: str, cfg, samples: int, held_samples: int) -> dict:
+    """What a cached score depends on: the weights, the evaluation's sizes and seeds, and the run's
+    configuration (sampling parameters, task, pools, rollout format; not its directory or schedule) and, for a
+    local dataset, its contents."""
+    run_hash = _config_hash(cfg)
     out = {"checkpoint": checkpoint, "weights_sha256": digest, "config_sha256": run_hash, "samples": samples,
            "held_samples": held_samples, "seed_base": SEED_BASE, "scorer": SCORER}  # fmt: skip
     if cfg.dataset and cfg.task in ("dataset", "jsonl"):  # the config names the path; the problems are in the file
@@ -205,10 +219,11 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
     """Scores of the latest checkpoint in `run_dir` (a run trained with TrainConfig `cfg`); cached.
     `samples` completions for each training prompt, `held_samples` for each of the run's held-out problems
     (`cfg.eval_problems`; the lab's arithmetic has about 100 of them, hence more samples of each)."""
+    from aisrl.build import build_trained, make_policy, problem_sets, rollout_model, static_engine
     from aisrl.checkpoint import latest_checkpoint
     from aisrl.lora import merged_state
     from aisrl.train_config import resolve_device
-    from aisrl.trainer import _eval_mode, _rollout_model, build_trained, make_policy, problem_sets, static_engine
+    from aisrl.update import _eval_mode
 
     run_dir = Path(run_dir)
     ckpt = latest_checkpoint(run_dir)
@@ -219,6 +234,10 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
     cache = run_dir / "final_eval.json"
     cached = _read(cache)
     if cached.get("settings") == settings:
+        return cached
+    if cached.get("settings") == {**settings, "config_sha256": _config_hash(cfg, schedule=True)}:  # cached before
+        cached["settings"] = settings  # SCHEDULE left the hash: the same scores, brought up to date once
+        atomic_write_text(cache, json.dumps(cached, indent=1))
         return cached
     if not supported(cfg):
         raise ValueError("final evaluation supports causal runs (model.kind=causal)")
@@ -236,7 +255,7 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
         if cfg.rollout.quant == "none" and cfg.rollout.engine == "hf":  # the run sampled with this very model
             sampler = trained
         else:
-            rollout, sync = _rollout_model(cfg, model, device, pool + held, encode)
+            rollout, sync = rollout_model(cfg, model, device, pool + held, encode)
             sync(merged_state(model))
             kv_fp8 = getattr(getattr(rollout, "quant_config", None), "kv_cache", False)
             sampler = _rewards(policy, rollout, task, tok, encode, pool, samples, kv_fp8)

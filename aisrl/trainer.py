@@ -12,6 +12,7 @@ resumed from a checkpoint continues exactly as an uninterrupted run would, and a
 refused (aisrl.checkpoint.record_config). Outputs in `output_dir`: config.json (the settings), start.json (a
 digest of the initial weights), metrics.jsonl (one row per step), checkpoints/, report.png, summary.json,
 tensorboard/ (where tensorboard is installed) and .lock, which keeps a second trainer out (aisrl.checkpoint.hold_run).
+What a run is made of (model, task, problem pools, rollout copy) is built by aisrl.build.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ from pathlib import Path
 
 import torch
 
+from aisrl.build import build, make_policy, problem_sets, rollout_model, task_of, task_rewards, with_lora
 from aisrl.calibrate import combine, end_point_weights, measured
 from aisrl.checkpoint import (
     atomic_write_text,
     hold_run,
     latest_checkpoint,
     load_checkpoint,
-    load_weights,
     read_jsonl,
     record_config,
     record_start,
@@ -44,149 +45,21 @@ from aisrl.checkpoint import (
 )
 from aisrl.correction import correct, restrict
 from aisrl.dist import all_sum, rank_rng_states
-from aisrl.lora import apply_lora, merged_state
+from aisrl.lora import merged_state
 from aisrl.losses import group_advantages
-from aisrl.policy import CausalPolicy, DiffusionPolicy
 from aisrl.qarl import align_, alignment, error_tokens
-from aisrl.quant import quantize_, sync_weights
-from aisrl.rollout import SamplingParams, device_of
+from aisrl.rollout import device_of
 from aisrl.solrl import select_extremes
 from aisrl.tracking import Tracker
 from aisrl.train_checks import validate
 from aisrl.train_config import (
     PRECISIONS,
-    LoraSettings,
     TrainConfig,
     correction_options,
-    diffusion_params,
     resolve_device,
     rollout_format,
-    task_kwargs,
 )
 from aisrl.update import MismatchGuard, _eval_mode, _update, accumulate_gradient, active_dropout, flat_grad
-
-
-def build(cfg: TrainConfig):
-    """(model, tokenizer, task, encode_prompt) for the configured model and task."""
-    if cfg.model.name == "lab" and cfg.model.kind == "diffusion":
-        from aisrl.diffusion_lab import diffusion_lab_model, encode_prompt
-
-        model, tok, _ = diffusion_lab_model(cfg.lab, diffusion_params(cfg))
-        return model, tok, task_of(cfg), lambda p: encode_prompt(tok, p)
-    if cfg.model.name == "lab":
-        from aisrl.lab import lab_model, prompt_text
-
-        model, tok, _ = lab_model(cfg.lab)
-        return model, tok, task_of(cfg), lambda p: [tok.bos_token_id] + tok.encode(prompt_text(p))
-    if cfg.model.kind == "diffusion":  # a LLaDA-style checkpoint directory with its remote code
-        from transformers import AutoTokenizer
-
-        from aisrl.diffusion import load_diffusion_model
-
-        model = load_diffusion_model(cfg.model.name)
-        tok = AutoTokenizer.from_pretrained(cfg.model.name, trust_remote_code=True, local_files_only=True)
-    else:
-        from aisrl.models import load_model
-
-        model, tok = load_model(cfg.model.name)
-        if tok is None:
-            raise ValueError(f"model {cfg.model.name!r} has no tokenizer; use model.name=lab or a directory with one")
-    return model, tok, task_of(cfg), _chat_encoder(tok)
-
-
-def task_of(cfg: TrainConfig):
-    """The run's task, without its model: the lab's own (lab.task and its settings) or the named or file task."""
-    if cfg.model.name == "lab":
-        from aisrl.lab import lab_task
-
-        return lab_task(cfg.lab, cfg.lenient_reward)
-    from aisrl.tasks import make_task
-
-    return make_task(cfg.task, lenient=cfg.lenient_reward, **task_kwargs(cfg))
-
-
-def _with_lora(cfg: TrainConfig, model, dropout: float = 0.0):
-    """The model with the run's LoRA adapters (lora.*). The default targets are written for several architectures: one
-    this model lacks is no error; a target the user named must match."""
-    default = LoraSettings().targets
-    optional = default if cfg.lora.targets == default else ()
-    return apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.targets, dropout, optional=optional)
-
-
-def build_trained(cfg: TrainConfig, weights: Path):
-    """build(cfg) with a checkpoint's weights: for a LoRA run (lora.r > 0) the adapters are applied, loaded and
-    merged, so the model returned is the plain model the run trained."""
-    model, tok, task, encode = build(cfg)
-    if cfg.lora.r > 0:
-        model = _with_lora(cfg, model)
-    load_weights(model, weights)
-    return (model.merge_and_unload() if cfg.lora.r > 0 else model), tok, task, encode
-
-
-def _chat_encoder(tok):
-    """Problem -> prompt ids: the question and the answer-format instruction as one user turn of the chat template
-    (plain text when the tokenizer has no template)."""
-    from aisrl.models import prompt_ids
-    from aisrl.tasks import INSTRUCTION
-
-    return lambda p: prompt_ids(tok, f"{p.question}\n{INSTRUCTION}")
-
-
-def _mask_id(cfg: TrainConfig, tok, model) -> int:
-    """The [MASK] id of a diffusion model: diffusion.mask_id, else the checkpoint's config, else the tokenizer's."""
-    if cfg.diffusion.mask_id >= 0:
-        vocab = getattr(getattr(model, "config", None), "vocab_size", None)  # remote-code models may lack embeddings
-        if vocab is not None and cfg.diffusion.mask_id >= vocab:
-            raise ValueError(f"diffusion.mask_id={cfg.diffusion.mask_id} is outside {cfg.model.name!r}'s vocabulary "
-                             f"[0, {vocab}); give its [MASK] token id, or -1 to read it from the checkpoint")
-        return cfg.diffusion.mask_id
-    if cfg.model.name == "lab":
-        from aisrl.diffusion_lab import mask_id_of
-
-        return mask_id_of(tok)
-    for found in (getattr(getattr(model, "config", None), "mask_token_id", None), getattr(tok, "mask_token_id", None)):
-        if found is not None:
-            return int(found)
-    raise ValueError(f"cannot tell the [MASK] token id of {cfg.model.name!r} (neither its config nor its tokenizer "
-                     "names one): set diffusion.mask_id (LLaDA-8B uses 126336)")  # fmt: skip
-
-
-def make_policy(cfg: TrainConfig, tok, model=None):
-    """How this model kind samples and scores (aisrl.policy); `model` tells a diffusion checkpoint's [MASK] id."""
-    pad = tok.pad_token_id or 0
-    if cfg.model.kind == "diffusion":
-        return DiffusionPolicy(diffusion_params(cfg), _mask_id(cfg, tok, model), pad, tok.eos_token_id,
-                               cfg.diffusion.p_mask, cfg.seed, cfg.micro_batch)  # fmt: skip
-    params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
-    return CausalPolicy(params, pad, tok.eos_token_id, cfg.micro_batch, tok)
-
-
-def problem_sets(cfg: TrainConfig, task) -> tuple[list, list]:
-    """(training pool, held-out set) of a run: fixed by its seed, so every consumer sees the same problems. A
-    dataset file gives what it holds: fewer than asked is said, since the held-out accuracy is then over fewer, and
-    fewer training problems than a step's prompts, or no held-out one, is an error."""
-    pool = task.problems("train", cfg.train_problems, seed=cfg.seed)
-    held = task.problems("test", cfg.eval_problems, seed=cfg.seed + 1)
-    for split, key, got, asked in (("training", "train_problems", pool, cfg.train_problems),
-                                   ("held-out", "eval_problems", held, cfg.eval_problems)):  # fmt: skip
-        if 0 < len(got) < asked:
-            warnings.warn(f"the task gives {len(got)} {split} problems where {key}={asked} asked for more (a dataset "
-                          f"holds what it holds); set {key}={len(got)} to say so", stacklevel=2)  # fmt: skip
-    if len(pool) < cfg.prompts_per_step or not held:
-        raise ValueError(f"the task gives {len(pool)} training and {len(held)} held-out problems; need at least "
-                         f"prompts_per_step={cfg.prompts_per_step} and one held-out problem")  # fmt: skip
-    return pool, held
-
-
-def completion_texts(tok, r) -> list[str]:
-    """Decoded completions without special tokens (the EOS that ends a completion is not part of the answer)."""
-    return [tok.decode(r.completion_ids[i][r.completion_mask[i]].tolist(), skip_special_tokens=True)
-            for i in range(r.completion_ids.shape[0])]  # fmt: skip
-
-
-def task_rewards(task, tok, r, problems) -> list[tuple[float, bool]]:
-    """(reward, correct) of each completion of the rollout r, the i-th scored against problems[i]."""
-    return [task.reward(x, p) for x, p in zip(completion_texts(tok, r), problems, strict=True)]
 
 
 def _init_distributed(device: torch.device) -> tuple[int, int]:
@@ -232,14 +105,14 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
     model, tok, task, encode = build(cfg)
     torch.manual_seed(cfg.seed)  # after build: the same state whether or not the lab model came from the cache
     model.to(device).train()
-    rollout, sync = _rollout_model(cfg, model, device, pool + held, encode)
+    rollout, sync = rollout_model(cfg, model, device, pool + held, encode)
     kv_fp8 = getattr(getattr(rollout, "quant_config", None), "kv_cache", False)
     if cfg.rollout.align:  # QaRL: the trainer computes in the rollout format, gradients reach FP32 weights
         align_(model, rollout_format(cfg))
     # the KL reference is the starting policy as the trainer computes it (aligned too: no quantisation gap in the KL)
     ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 and cfg.lora.r == 0 else None
     if cfg.lora.r > 0:
-        model = _with_lora(cfg, model, cfg.lora.dropout)
+        model = with_lora(cfg, model, cfg.lora.dropout)
         ref = model if cfg.kl_coef > 0 else None  # the reference is the base model: adapters off, no copy
     if p_drop := active_dropout(model):
         log(f"dropout p={p_drop} is active while training (lora.dropout, or the model's own): old "
@@ -444,28 +317,6 @@ def _resumed(cfg: TrainConfig, extra: dict, log) -> tuple[float | None, dict, di
         end_point = extra["end_point"] if isinstance(extra["end_point"], dict) else {extra["end_point"]: 1.0}
     past = [c for c in extra.get("calibrations", []) if measured(c)]  # (older runs kept every one)
     return extra.get("prev_alpha"), guard, end_point, past
-
-
-def _rollout_model(cfg: TrainConfig, model, device, problems, encode):
-    """(rollout, sync): the low-precision copy that samples - a fake-quantised Hugging Face model, or the
-    static-cache engine sized for the longest prompt among `problems` (the run's) - and the function that loads the
-    trainer's weights into it, returning the seconds it took."""
-    if cfg.rollout.engine == "static":
-        engine = static_engine(cfg, model, device, problems, encode, rollout_format(cfg))
-        return engine, engine.sync
-    rollout = copy.deepcopy(model).eval().requires_grad_(False)  # a sampler: no gradients, whatever calls it
-    if cfg.rollout.quant != "none":
-        quantize_(rollout, rollout_format(cfg))
-    return rollout, functools.partial(sync_weights, rollout=rollout)
-
-
-def static_engine(cfg: TrainConfig, model, device, problems, encode, quant, dtype=None):
-    """An aisrl.engine.Engine of `model` in the format `quant` (None: full precision, in `dtype` or the engine's
-    default), sized for the longest prompt among `problems` (the run's training pool and held-out set)."""
-    from aisrl.engine import Engine
-
-    width = max(len(encode(p)) for p in problems)
-    return Engine(model, quant, max_len=width + cfg.rollout.max_new_tokens, device=device, dtype=dtype)
 
 
 def _full_precision_gradient(cfg: TrainConfig, model, ref, policy, task, tok, batch, step, score) -> torch.Tensor:

@@ -37,13 +37,13 @@ from safetensors.torch import load_file
 
 from aisrl.bench.cli import command, number, numbers, options
 from aisrl.bench.report import machine, settings_tag, update_section, write_json
+from aisrl.build import build, make_policy, problem_sets, rollout_model, task_rewards
 from aisrl.checkpoint import checkpoint_dir
 from aisrl.diagnostics import k3_per_token
 from aisrl.policy import CausalPolicy
 from aisrl.qarl import AlignedLinear, align_, alignment, set_alignment
 from aisrl.quant import WEIGHT_FORMATS, quant_config
 from aisrl.train_config import TrainConfig, load_config
-from aisrl.trainer import _rollout_model, build, make_policy, problem_sets, task_rewards
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("ste", "to_copy", "grid")
@@ -101,7 +101,7 @@ def setup(preset: str, quant: str, start: str, overrides: tuple[str, ...] = ()) 
     model, tok, task, encode = build(cfg)
     model.train()
     pool, held = problem_sets(cfg, task)
-    rollout, sync = _rollout_model(cfg, model, torch.device("cpu"), pool + held, encode)
+    rollout, sync = rollout_model(cfg, model, torch.device("cpu"), pool + held, encode)
     set_alignment(align_(model, quant_config(quant)), False)
 
     def rewards(r, problems) -> list[float]:

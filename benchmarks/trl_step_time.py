@@ -40,10 +40,10 @@ def run_trl(steps: int) -> tuple[list[float], list[float]]:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
+    from aisrl.build import build
     from aisrl.models import plain_copy
     from aisrl.tasks import INSTRUCTION
     from aisrl.train_config import load_config
-    from aisrl.trainer import build
 
     cfg = load_config(PRESET, SHARED)
     model, tok, task, _ = build(cfg)

@@ -82,9 +82,9 @@ def test_preset_diagnoses_the_lab_models_as_their_trainer_scores_them(tmp_path, 
         f"rollout: {gen}\ndiffusion: {{block_length: 8, steps: 5}}\n"
     )
     import aisrl.trainer
+    from aisrl.build import build, make_policy
     from aisrl.policy import CausalPolicy, DiffusionPolicy
     from aisrl.train_config import load_config
-    from aisrl.trainer import build, make_policy
 
     scored, score_at = [], aisrl.trainer._score_at
     monkeypatch.setattr(aisrl.trainer, "_score_at", lambda policy, *a: scored.append(policy) or score_at(policy, *a))
@@ -179,10 +179,11 @@ def test_start_examines_a_runs_checkpoint_with_the_runs_settings(tmp_path, monke
     from conftest import TINY_LAB
     from safetensors.torch import load_file
 
+    from aisrl.build import build
     from aisrl.checkpoint import checkpoint_dir
     from aisrl.doctor import _run_checkpoint, _subject
     from aisrl.train_config import load_config
-    from aisrl.trainer import build, train
+    from aisrl.trainer import train
 
     monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))

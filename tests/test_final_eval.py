@@ -10,9 +10,10 @@ from conftest import TINY_LAB
 from safetensors.torch import load_file, save_file
 
 import aisrl.final_eval as fe
+from aisrl.build import build
 from aisrl.checkpoint import latest_checkpoint
 from aisrl.train_config import load_config
-from aisrl.trainer import build, train
+from aisrl.trainer import train
 
 
 @pytest.fixture(autouse=True)
@@ -90,6 +91,23 @@ def test_cached_until_the_weights_or_settings_change(tmp_path, monkeypatch):
     assert fe.evaluate_final(cfg.output_dir, hotter, samples=2, held_samples=1)["policy_reward"] == 1.0
 
 
+def test_scores_cached_when_the_schedule_was_hashed_are_kept_and_brought_up_to_date(tmp_path, monkeypatch):
+    cfg = _run(tmp_path, "none")
+    first = fe.evaluate_final(cfg.output_dir, cfg, samples=1, held_samples=1)
+    monkeypatch.setattr(fe, "_rewards", lambda *a, **k: [(1.0, True)])  # a score made now would be 1.0
+    later = dataclasses.replace(cfg, checkpoint_every=5, eval_every=3)  # the study re-run with another schedule
+    assert fe.evaluate_final(cfg.output_dir, later, samples=1, held_samples=1) == first
+    cache = tmp_path / "none" / "final_eval.json"
+    older = json.loads(cache.read_text())
+    older["settings"]["config_sha256"] = fe._config_hash(cfg, schedule=True)  # as the scorer before SCHEDULE wrote it
+    cache.write_text(json.dumps(older))
+    assert fe.evaluate_final(cfg.output_dir, cfg, samples=1, held_samples=1)["policy_reward"] == first["policy_reward"]
+    assert json.loads(cache.read_text())["settings"] == first["settings"]  # rewritten with today's hash
+    older["settings"]["config_sha256"] = fe._config_hash(later, schedule=True)  # an old cache of another schedule:
+    cache.write_text(json.dumps(older))  # which config it was made under cannot be told, so it is scored again
+    assert fe.evaluate_final(cfg.output_dir, cfg, samples=1, held_samples=1)["policy_reward"] == 1.0
+
+
 def test_a_run_without_checkpoint_is_an_error(tmp_path):
     cfg = load_config("lab", [*TINY_LAB, f"output_dir={tmp_path}"])
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
@@ -131,13 +149,20 @@ def test_fields_added_later_change_the_config_hash_only_away_from_their_default(
     def digest(*overrides):
         return _settings("step_000001", "w", load_config("lab", list(overrides)), 4, 8)["config_sha256"]
 
+    def sha(run):
+        return hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
     base = digest()
     before = load_config("lab")  # the hash a run scored before the fields existed would have had
     run = {k: v for k, v in dataclasses.asdict(before).items() if k != "output_dir"}
     del run["sample_salt"], run["correction"]["veto"], run["correction"]["guard"], run["correction"]["options"]
     del run["task_options"], run["scale_advantages"], run["rollout"]["keep"], run["keep_checkpoints"]
-    assert base == hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert fe._config_hash(load_config("lab"), schedule=True) == sha(run)  # as caches before SCHEDULE hashed it
+    del run["max_steps"], run["eval_every"], run["checkpoint_every"]
+    assert base == sha(run)
     assert digest("keep_checkpoints=0") == base  # which checkpoints a run keeps changes no score
+    for when in ("max_steps=7", "eval_every=3", "checkpoint_every=5"):  # nor when it stops, evaluates, checkpoints
+        assert digest(when) == base, when
     assert digest("sample_salt=1") != base and digest("correction.guard=4") != base and digest("lr=1e-3") != base
     assert digest("scale_advantages=false") != base and digest("correction.options={'normalize': True}") != base
     assert digest("rollout.keep=[model.layers.0.*]") != base
@@ -198,10 +223,10 @@ def test_a_local_dataset_enters_the_cached_settings_by_its_contents(tmp_path):
 
 def _record_rollouts(monkeypatch) -> list:
     """The rollouts final evaluation scores, in order (trained model, then the run's sampler, then held-out)."""
-    import aisrl.trainer
+    import aisrl.build
 
-    drawn, real = [], aisrl.trainer.task_rewards
-    monkeypatch.setattr(aisrl.trainer, "task_rewards", lambda task, tok, r, p: drawn.append(r) or real(task, tok, r, p))
+    drawn, real = [], aisrl.build.task_rewards
+    monkeypatch.setattr(aisrl.build, "task_rewards", lambda task, tok, r, p: drawn.append(r) or real(task, tok, r, p))
     return drawn
 
 

@@ -183,9 +183,9 @@ def test_a_cache_entry_that_cannot_be_published_is_named_and_leftovers_are_clear
 
 
 def test_columns_lab_preset_has_a_large_disjoint_held_out_set_and_room_for_every_trace():
+    from aisrl.build import problem_sets
     from aisrl.lab import lab_task
     from aisrl.train_config import load_config
-    from aisrl.trainer import problem_sets
 
     cfg = load_config("lab_columns", ["device=cpu"])
     task = lab_task(cfg.lab)

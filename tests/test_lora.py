@@ -59,9 +59,9 @@ def test_lora_training_moves_adapters_only(tmp_path, monkeypatch):
         plain = k.replace("base_model.model.", "", 1).replace(".base_layer", "")
         torch.testing.assert_close(v, before[plain].detach(), msg=plain)  # base weights frozen
     # what `aisrl eval` and `aisrl mismatch start=RUN:STEP` examine: the plain model with the adapters merged in
+    from aisrl.build import build, build_trained
     from aisrl.doctor import DoctorConfig, _run_checkpoint, _subject
     from aisrl.lora import is_peft
-    from aisrl.trainer import build, build_trained
 
     cfg = load_config("lab", [*tiny, "max_steps=2", "lora.r=4", f"output_dir={out}"])
     merged = build_trained(cfg, latest_checkpoint(out) / "model.safetensors")[0]
@@ -140,13 +140,13 @@ def test_a_target_whose_weight_is_tied_is_refused():
     assert any(n.endswith("q_proj.lora_A.default.weight") for n, _ in adapted.named_parameters())
     # the trainer: the default list may name layers a model lacks (the diffusion lab has no gate_proj); a list the
     # user wrote may not, default names included (before: [q_proj, gate_proj] adapted q_proj alone, without a word)
+    from aisrl.build import with_lora
     from aisrl.diffusion import tiny_diffusion_model
     from aisrl.train_config import load_config
-    from aisrl.trainer import _with_lora
 
     no_gate = lambda: tiny_diffusion_model(40, 39, hidden=32, layers=1, max_len=64)  # noqa: E731
-    adapted = _with_lora(load_config("lab", ["lora.r=2"]), no_gate())
+    adapted = with_lora(load_config("lab", ["lora.r=2"]), no_gate())
     assert any("up_proj.lora_A" in n for n, _ in adapted.named_parameters())
     with pytest.raises(ValueError, match=r"lora.targets \['gate_proj'\] name no module"):
-        _with_lora(load_config("lab", ["lora.r=2", "lora.targets=[q_proj,gate_proj]"]), no_gate())
+        with_lora(load_config("lab", ["lora.r=2", "lora.targets=[q_proj,gate_proj]"]), no_gate())
     apply_lora(tiny_model(seed=0), r=2, alpha=4, targets=["lm_head"])  # an untied head may be adapted

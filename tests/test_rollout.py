@@ -55,11 +55,11 @@ def test_sampling_records_no_autograd_graph_and_the_trainers_sampler_has_no_grad
     assert any(p.requires_grad for p in model.parameters())
     r = generate(model, PROMPTS, SamplingParams(max_new_tokens=4), seeds=[3, 4, 5])
     assert not r.rollout_logp.requires_grad and r.rollout_logp.grad_fn is None
+    from aisrl.build import rollout_model
     from aisrl.train_config import load_config
-    from aisrl.trainer import _rollout_model
 
     cfg = load_config("lab", ["rollout.quant=none"])
-    rollout, _ = _rollout_model(cfg, model, "cpu", [[1, 2]], lambda p: p)
+    rollout, _ = rollout_model(cfg, model, "cpu", [[1, 2]], lambda p: p)
     assert not any(p.requires_grad for p in rollout.parameters())
 
 

@@ -155,8 +155,8 @@ def test_diffusion_checkpoint_without_a_mask_id_is_named(tmp_path, capsys):
 
 def test_a_long_completion_widens_the_diffusion_lab_model_and_the_default_keeps_its_width(tmp_path):
     # the model was built with 128 positions whatever the completion length: 128 new tokens failed in the warm start
+    from aisrl.build import build
     from aisrl.train_config import load_config
-    from aisrl.trainer import build
 
     short = build(load_config("lab", [*TINY, f"output_dir={tmp_path / 's'}"]))[0]
     assert short.pos.num_embeddings == 128  # the width every earlier warm start had
@@ -167,8 +167,8 @@ def test_a_long_completion_widens_the_diffusion_lab_model_and_the_default_keeps_
 
 
 def test_a_generation_length_shorter_than_the_lab_answers_names_the_key_to_raise(tmp_path):
+    from aisrl.build import build
     from aisrl.train_config import load_config
-    from aisrl.trainer import build
 
     args = [*TINY, "lab.task=arithmetic", "rollout.max_new_tokens=16", "diffusion.steps=4", f"output_dir={tmp_path}"]
     with pytest.raises(ValueError, match=r"rollout.max_new_tokens=16 \(the diffusion generation length\) is shorter "

@@ -1,0 +1,97 @@
+"""What a run is built from (aisrl.build): the task and its problem pools, completions as the task scores them, the
+rollout copy and which of its layers stay in full precision."""
+
+import json
+
+import pytest
+import torch
+from conftest import TINY_LAB
+
+from aisrl.build import build
+from aisrl.cli import main
+from aisrl.tasks import Problem
+from aisrl.train_config import load_config
+
+TINY = [*TINY_LAB, "eval_every=2"]
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
+
+
+def test_rollout_keep_leaves_those_layers_of_the_rollout_copy_in_full_precision(tmp_path, capsys):
+    from aisrl.build import rollout_model
+    from aisrl.quant import FakeQuantLinear
+
+    cfg = load_config("lab", [*TINY, "rollout.quant=nvfp4_w4a4", "rollout.keep=[model.layers.0.self_attn.*]"])
+    model, _, task, encode = build(cfg)
+    rollout, sync = rollout_model(cfg, model, torch.device("cpu"), [], encode)  # an HF copy needs no prompts
+    quantised = {n for n, m in rollout.named_modules() if isinstance(m, FakeQuantLinear)}
+    assert quantised and not any(n.startswith("model.layers.0.self_attn.") for n in quantised)
+    assert any(n.startswith("model.layers.0.mlp.") for n in quantised)
+    with torch.no_grad():
+        model.model.layers[0].self_attn.o_proj.weight.add_(0.01)
+    sync(model.state_dict())
+    assert torch.equal(rollout.model.layers[0].self_attn.o_proj.weight, model.model.layers[0].self_attn.o_proj.weight)
+    out = tmp_path / "run"  # a pattern that names no layer stops the run before it writes anything
+    assert main(["train", "lab", *TINY, "rollout.keep=[model.layer.0.*]", f"output_dir={out}"]) == 2
+    assert "keep pattern 'model.layer.0.*' matches none of this model's" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_completions_are_scored_without_the_eos_token():
+    from types import SimpleNamespace
+
+    from aisrl.build import completion_texts
+    from aisrl.tasks import Arithmetic, Problem
+
+    class HFLike:  # decodes special tokens unless asked not to, like a Hugging Face tokenizer
+        def decode(self, ids, skip_special_tokens=False):
+            text = "".join(chr(i) for i in ids if i != 0)
+            return text if skip_special_tokens else text + "<|im_end|>"
+
+    text = "<reasoning>1+1=2</reasoning><answer>2</answer>"
+    ids = torch.tensor([[ord(c) for c in text] + [0]])
+    r = SimpleNamespace(completion_ids=ids, completion_mask=torch.ones_like(ids, dtype=torch.bool))
+    (decoded,) = completion_texts(HFLike(), r)
+    assert Arithmetic().reward(decoded, Problem("1+1", "2")) == (1.5, True)
+
+
+def test_lenient_reward_reaches_the_lab_task():
+    # the lab built its task without it: lenient_reward=true was accepted and ignored
+    _, _, task, _ = build(load_config("lab", [*TINY, "lenient_reward=true"]))
+    assert task.lenient and task.reward("12 plus 7 gives 19", Problem("12+7", "19")) == (1.0, True)
+    assert not build(load_config("lab", TINY))[2].lenient
+
+
+def test_task_options_and_dataset_reach_the_task():
+    pytest.importorskip("reasoning_gym")
+    from aisrl.build import task_of
+
+    args = ["model.name=smollm2", "task=reasoning_gym", "dataset=chain_sum", "task_options={'max_terms': 2}"]
+    task = task_of(load_config("lab", args))
+    assert (task.generator, task.options) == ("chain_sum", {"max_terms": 2})
+    task = task_of(load_config("lab", ["model.name=smollm2", "task_options={'max_operand': 7}"]))
+    assert task.max_operand == 7
+    task = task_of(load_config("lab", ["lab.task=sudoku4", "lab.sudoku_holes=3", "task=countdown"]))
+    assert (task.name, task.holes) == ("sudoku4", 3)  # the lab model trains on the lab's own task
+
+
+def test_a_dataset_smaller_than_the_sets_asked_for_is_said_not_silently_shortened(tmp_path):
+    from aisrl.build import problem_sets, task_of
+    from aisrl.tasks import _split_of
+
+    path = tmp_path / "small.jsonl"
+    questions = [f"What is {i} + {i}?" for i in range(40)]
+    path.write_text("\n".join(json.dumps({"question": q, "answer": str(2 * i)}) for i, q in enumerate(questions)))
+    n_test = sum(_split_of(q) == "test" for q in questions)  # counted by the split rule, not the code under test
+    assert 0 < n_test < 40
+    args = ["model.name=smollm2", "task=jsonl", f"dataset={path}", "train_problems=500", f"eval_problems={n_test}"]
+    cfg = load_config("lab", args)
+    with pytest.warns(UserWarning) as caught:
+        pool, held = problem_sets(cfg, task_of(cfg))
+    (said,) = [str(w.message) for w in caught]  # the held-out set is whole: only the training pool is said
+    assert (len(pool), len(held)) == (40 - n_test, n_test)
+    assert f"gives {40 - n_test} training problems where train_problems=500" in said
+    assert f"set train_problems={40 - n_test}" in said
