@@ -2,6 +2,7 @@
 train split into forward passes, backward passes and optimizer steps.
 
     python benchmarks/step_time.py lab        # the lab preset, 20 steps
+    python benchmarks/step_time.py lab_fp32   # the same with full-precision rollouts (rollout.quant=none)
     python benchmarks/step_time.py smollm2    # SmolLM2-135M, 8 prompts x 8 samples, 2 steps (slow)
 
 Writes benchmarks/results/step_time_<name>.json and the `step_time_<name>` section of BENCHMARKS.md.
@@ -21,6 +22,7 @@ from aisrl.trainer import train
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = {
     "lab": ("lab", ["max_steps=20", "eval_every=1000"]),
+    "lab_fp32": ("lab", ["max_steps=20", "eval_every=1000", "rollout.quant=none"]),
     "smollm2": ("smollm2_arithmetic", ["max_steps=2", "eval_every=1000", "prompts_per_step=8", "group_size=8"]),
 }
 PHASES = ["time_rollout", "time_sync", "time_logprob", "time_correction", "time_train"]
