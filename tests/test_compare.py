@@ -214,14 +214,22 @@ def test_paired_differences_leave_out_seeds_whose_runs_started_apart(tmp_path):
     cfg = CompareConfig(methods=["tis"], formats=["mxfp4"], seeds=[0, 1, 2], out=str(tmp_path))
     for run in plan(cfg):
         d = run.path(tmp_path)
-        base = 0.5 if run.reference else 0.4 + 0.1 * run.seed
+        base = 0.5 if run.reference else {0: 0.4, 1: 0.9, 2: 0.8}[run.seed]  # tis - reference: -0.1, +0.4, +0.3
         _write_run(d, _fake_rows([base] * 10, {10: 0.3}, 0.2, [0.1] * 10))
         start = "bb" if (run.seed, run.reference) == (1, False) else "aa"  # seed 1's tis run began elsewhere
         (d / "start.json").write_text(json.dumps({"weights": start}))
+        (d / "checkpoints" / "step_000010").mkdir(parents=True)
+        (d / "checkpoints" / "step_000010" / "state.pt").write_bytes(b"")
+        policy = 0.5 if run.reference else {0: 0.6, 1: 0.1, 2: 0.9}[run.seed]  # tis - reference: +0.1, -0.4, +0.4
+        scores = {"policy_reward": policy, "sampler_reward": 0.4, "held_reward": 0.3, "held_accuracy": 0.2}
+        _cache(d, "step_000010", scores, samples=4)
     result = aggregate(cfg, plan(cfg), max_steps=10)
     g = result["groups"]["mxfp4/tis"]
-    assert result["mixed_starts"] == [1] and g["paired_seeds"] == [0, 2]
-    assert g["reward_vs_reference"][0] == pytest.approx((-0.1 + 0.1) / 2)  # seeds 0 and 2 only
+    assert result["mixed_starts"] == [1] and g["paired_seeds"] == [0, 2] and g["policy_paired_seeds"] == [0, 2]
+    # the final model's difference, the same pairs: mean 0.25 of (+0.1, +0.4), SD (0.15^2 + 0.15^2) / (2 - 1)
+    assert g["policy_vs_reference"] == pytest.approx((0.25, math.sqrt(0.045)))
+    # seeds 0 and 2 only: mean 0.1 and SD of (-0.1, +0.3); seed 1 kept would make it 0.2, a reversed sign -0.1
+    assert g["reward_vs_reference"] == pytest.approx((0.1, math.sqrt(0.08)))  # SD: (0.2^2 + 0.2^2) / (2 - 1)
     shown = table(result)
     assert "(2 pairs)" in shown and "Seeds [1] hold runs that started from different weights" in shown
 

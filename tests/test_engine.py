@@ -234,7 +234,13 @@ def test_state_is_reused_safely_across_calls():
     assert torch.equal(wide.completion_ids, full.completion_ids) and torch.equal(wide.rollout_logp, full.rollout_logp)
     again = fresh.generate(PROMPTS[:2], SamplingParams(5, greedy=True), eos_id=[])
     assert torch.equal(narrow.completion_ids, again.completion_ids)
-    assert eng.generate(PROMPTS, SamplingParams(3)).completion_mask.shape[1] <= 3  # EOS from the config (id 2)
+    # EOS comes from the model's config: made the token row 0 draws first, that row ends there and the others run on
+    first = int(full.completion_ids[0, 0])
+    model.config.eos_token_id = first
+    stops = Engine(model, "fp8_e4m3_w8a8_kv", max_len=24).generate(PROMPTS, SamplingParams(17), seeds=[1, 2, 3])
+    assert stops.completion_mask.sum(1).tolist()[0] == 1 and stops.completion_ids[0, 0] == first
+    others = [i for i in (1, 2) if first not in full.completion_ids[i].tolist()]  # rows that never draw it
+    assert others and all(stops.completion_mask[i].sum() == 17 for i in others)
 
 
 def test_reference_attention_is_plain_softmax_attention():

@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 import aisrl.final_eval as fe
 from aisrl.build import build
 from aisrl.checkpoint import latest_checkpoint
+from aisrl.quant import quantize_mxfp4
 from aisrl.train_config import load_config
 from aisrl.trainer import train
 
@@ -21,15 +22,19 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
 
 
-def _run(tmp_path, quant):
-    cfg = load_config("lab", [*TINY_LAB, "max_steps=2", "eval_every=2", f"rollout.quant={quant}",
+def _run(tmp_path, quant, monkeypatch):
+    """Two steps of a tiny lab run that moves its weights: the untrained model earns no reward, so every advantage
+    (and the update) would be 0 and the final checkpoint the warm start; a reward by completion length is not."""
+    cfg = load_config("lab", [*TINY_LAB, "max_steps=2", "eval_every=2", f"rollout.quant={quant}", "lr=0.01",
                               f"output_dir={tmp_path / quant}"])  # fmt: skip
-    train(cfg, log=lambda _: None)
+    with monkeypatch.context() as m:
+        m.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+        train(cfg, log=lambda _: None)
     return cfg
 
 
 def test_scores_the_checkpoint_with_the_runs_prompts_and_sampler(tmp_path, monkeypatch):
-    cfg = _run(tmp_path, "mxfp4_w4a4")
+    cfg = _run(tmp_path, "mxfp4_w4a4", monkeypatch)
     ckpt = load_file(latest_checkpoint(cfg.output_dir) / "model.safetensors")
     calls = []
 
@@ -44,23 +49,28 @@ def test_scores_the_checkpoint_with_the_runs_prompts_and_sampler(tmp_path, monke
     assert res["sampler_reward"] == pytest.approx(0.3) and res["held_reward"] == pytest.approx(0.4)
     (trained, pool, k1), (rollout, pool2, k2), (trained2, held, k3) = calls
     assert (k1, k2, k3) == (3, 3, 5) and trained is trained2 and pool == pool2
-    for k, v in trained.state_dict().items():  # the final checkpoint's weights, not the warm start
+    for k, v in trained.state_dict().items():  # the final checkpoint's weights...
         assert torch.equal(v.cpu(), ckpt[k]), k
+    start = build(cfg)[0].state_dict()  # ...which training moved away from the warm start
+    assert any(not torch.equal(start[k], ckpt[k]) for k in ckpt)
     _, _, task, _ = build(cfg)
     assert pool == [p.question for p in task.problems("train", cfg.train_problems, seed=cfg.seed)]
     assert held == [p.question for p in task.problems("test", cfg.eval_problems, seed=cfg.seed + 1)]
     # the sampler is the run's MXFP4 copy of those weights: quantised, so not equal to them
     w = "model.layers.0.mlp.down_proj.weight"
     q = dict(rollout.named_buffers())[w].cpu()  # the fake-quantised copy keeps its linear weights as buffers
-    assert rollout is not trained and not torch.equal(q, ckpt[w])
-    assert (q - ckpt[w]).abs().max() < 0.5 * ckpt[w].abs().max()  # a rounding of the checkpoint, not other weights
+    assert rollout is not trained and torch.equal(q, quantize_mxfp4(ckpt[w])) and not torch.equal(q, ckpt[w])
+    assert not torch.equal(q, quantize_mxfp4(start[w]))  # the checkpoint's rounding, not the warm start's
 
 
 def test_cached_until_the_weights_or_settings_change(tmp_path, monkeypatch):
-    cfg = _run(tmp_path, "none")
-    first = fe.evaluate_final(cfg.output_dir, cfg, samples=1, held_samples=1)
+    cfg = _run(tmp_path, "none", monkeypatch)
+    with monkeypatch.context() as m:  # a reward that tells completions apart (the tiny model earns none of its own)
+        m.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 2), len(text) % 2 == 0))
+        first = fe.evaluate_final(cfg.output_dir, cfg, samples=1, held_samples=1)
+    assert 0 < first["policy_reward"] < 1 and first["policy_accuracy"] == pytest.approx(1 - first["policy_reward"])
     assert first["policy_reward"] == first["sampler_reward"]  # full precision: the sampler is the model
-    assert all(0.0 <= first[k] <= 1.0 for k in ("policy_reward", "held_reward", "held_accuracy"))
+    assert all(0.0 <= first[k] <= 1.0 for k in ("held_reward", "held_accuracy"))
     monkeypatch.setattr(fe, "_rewards", lambda *a, **k: [(1.0, True)])
     assert fe.evaluate_final(cfg.output_dir, cfg, samples=1, held_samples=1) == first  # cached
     assert fe.evaluate_final(cfg.output_dir, cfg, samples=2, held_samples=1)["policy_reward"] == 1.0  # new settings
@@ -92,7 +102,7 @@ def test_cached_until_the_weights_or_settings_change(tmp_path, monkeypatch):
 
 
 def test_scores_cached_when_the_schedule_was_hashed_are_kept_and_brought_up_to_date(tmp_path, monkeypatch):
-    cfg = _run(tmp_path, "none")
+    cfg = _run(tmp_path, "none", monkeypatch)
     first = fe.evaluate_final(cfg.output_dir, cfg, samples=1, held_samples=1)
     monkeypatch.setattr(fe, "_rewards", lambda *a, **k: [(1.0, True)])  # a score made now would be 1.0
     later = dataclasses.replace(cfg, checkpoint_every=5, eval_every=3)  # the study re-run with another schedule
@@ -180,7 +190,7 @@ def test_fields_added_later_change_the_config_hash_only_away_from_their_default(
 
 
 def test_a_nan_reward_leaves_the_mean_and_a_damaged_cache_is_scored_again(tmp_path, monkeypatch):
-    cfg = _run(tmp_path, "none")
+    cfg = _run(tmp_path, "none", monkeypatch)
     monkeypatch.setattr(fe, "_rewards", lambda *a, **k: [(1.0, True)] * 3 + [(float("nan"), False)])
     res = fe.evaluate_final(cfg.output_dir, cfg, samples=1, held_samples=1)
     assert res["policy_reward"] == 1.0 and res["held_reward"] == 1.0  # a task that could not score one: as training

@@ -75,7 +75,24 @@ def test_with_verl_actor_config_and_vanilla_agreement(verl_algos):
     assert torch.allclose(ours, vanilla, atol=1e-6)
 
 
-def test_a_vetoed_loss_equals_the_aisrl_loss(verl_algos):
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize(("name", "opts"), [("ais", {}), ("tis", {"cap": 2.0}), ("icepop", {}), ("none", {})])
+def test_each_loss_equals_the_aisrl_loss_without_verl_installed(agg, name, opts, stub_verl):
+    """What test_dispatched_loss_equals_aisrl_losses checks through verl's registry, on the loss functions themselves,
+    with verl's agg_loss stubbed: it runs wherever torch does."""
+    old, rollout, logp, adv, mask, w = batch()
+    loss, metrics = make_policy_loss(name, **opts)(old, logp, adv, mask, agg, CFG, w)
+    res = correct(name, old, rollout, mask, **opts)
+    expect, _ = grpo_loss(logp, old, adv, res.mask, weights=res.weights, clip=(0.2, 0.28), dual_clip=3.0, agg=agg)
+    assert torch.allclose(loss, expect, atol=1e-6, rtol=1e-5), (loss, expect)
+    assert torch.allclose(torch.autograd.grad(loss, logp)[0], torch.autograd.grad(expect, logp)[0], atol=1e-6)
+    if name == "ais":
+        assert metrics["aisrl/alpha"] == pytest.approx(res.metrics["alpha"].item()) and 0 < metrics["aisrl/alpha"] <= 1
+    plain, _ = grpo_loss(logp, old, adv, mask, clip=(0.2, 0.28), dual_clip=3.0, agg=agg)
+    assert (name == "none") == torch.allclose(loss, plain, atol=1e-6, rtol=1e-5)  # a correction changes the loss
+
+
+def test_a_vetoed_loss_equals_the_aisrl_loss(stub_verl):
     old, rollout, logp, adv, mask, w = batch()
     fn = make_policy_loss("tis", cap=2.0, veto=0.8)
     loss, metrics = fn(old, logp, adv, mask, "token-mean", CFG, w)

@@ -197,6 +197,10 @@ def test_non_finite_log_ratio_at_a_counted_token_does_not_poison_the_loss():
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
     assert all(torch.isfinite(v) for v in m.values())
+    # by hand, A = -1 so a token's term is max(r, clip(r)): token 0 has r = 1; the NaN log-ratio counts as 0 (r = 1);
+    # the +inf one is clamped to 20 (r = e^20). Token mean (2 + e^20) / 3; only token 0 has a gradient (r' = 1, / 3)
+    assert loss.item() == pytest.approx((2 + math.exp(20)) / 3, rel=1e-6)
+    assert logp.grad.tolist() == [[pytest.approx(1 / 3), 0.0, 0.0]]
 
 
 def test_tbpo_matches_its_formula_on_hand_made_inputs():
