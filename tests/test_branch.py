@@ -49,6 +49,9 @@ def test_salt_zero_replays_the_run_and_another_salt_draws_other_samples(run, tmp
     s0 = res["branches"]["0"]
     assert s0["eval_start"] == a[1]["eval_accuracy"] and s0["eval_end"] == a[3]["eval_accuracy"]
     assert s0["steps"] == 2 and s0["k3_kl_max"] == max(a[2]["k3_kl"], a[3]["k3_kl"])
+    s1 = res["branches"]["1"]  # each branch is summarised from its own rows, not the run's
+    assert s1["k3_kl_max"] == max(b1[2]["k3_kl"], b1[3]["k3_kl"]) != s0["k3_kl_max"]
+    assert s1["accuracy"] == pytest.approx((b1[2]["accuracy"] + b1[3]["accuracy"]) / 2)
     # a second call resumes the finished branches instead of training them again
     before = (tmp_path / "b" / "salt1" / "metrics.jsonl").read_text()
     logs = []
@@ -138,6 +141,8 @@ def test_summary_and_table_of_a_fall():
     assert s["eval_change"] == pytest.approx(-0.10) and s["fell"] is True and s["steps"] == 2
     assert s["accuracy"] == pytest.approx(0.15) and s["k3_kl_mean"] == pytest.approx(0.02) and s["k3_kl_max"] == 0.03
     assert summarize_branch(rs, 4, fall=0.12)["fell"] is False
+    exact = [{"step": 4, "eval_accuracy": 0.41, "accuracy": 0.3}, {"step": 6, "accuracy": 0.1, "eval_accuracy": 0.33}]
+    assert 0.33 - 0.41 > -0.08 and summarize_branch(exact, 4, fall=0.08)["fell"] is True  # 8 points is -0.0799.. here
     unscored = rs + [{"step": 7, "accuracy": 0.1, "k3_kl": 0.0, "num_tokens": 0}]  # a step that scored no token:
     assert summarize_branch(unscored, 4, fall=0.08)["k3_kl_mean"] == pytest.approx(0.02)  # no k3 of 0, as in studies
     assert summarize_branch(rs[1:], 4, fall=0.08)["eval_start"] is None  # no evaluation at the branch point

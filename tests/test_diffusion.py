@@ -46,6 +46,27 @@ def test_generation_commits_the_scheduled_tokens_inside_the_current_block_only(r
     assert torch.equal(x, again) and torch.equal(alone[0], x[0])
 
 
+class Ramp(torch.nn.Module):
+    """Logits that favour token 5 by 0.5 per position: the later a position, the more confident the model is there."""
+
+    def __init__(self):
+        super().__init__()
+        self.unused = torch.nn.Parameter(torch.zeros(1))  # where the model sits
+
+    def forward(self, x, attention_mask=None):
+        logits = torch.zeros(*x.shape, V)
+        logits[..., 5] = 0.5 * torch.arange(x.shape[1], dtype=torch.float32)
+        return SimpleNamespace(logits=logits)
+
+
+def test_low_confidence_remasking_commits_the_most_confident_position_first():
+    params = DiffusionParams(gen_length=4, block_length=4, steps=4, temperature=0.0, remasking="low_confidence")
+    trace = []
+    x, _ = diffusion_generate(Ramp(), [[1, 2]], params, mask_id=MASK, seeds=[0], trace=trace)
+    order = [commit[0].nonzero().flatten().tolist() for _, _, commit in trace]  # one position a step
+    assert order == [[5], [4], [3], [2]] and x[0, 2:].tolist() == [5] * 4  # the last position first
+
+
 class PositionFree(torch.nn.Module):
     """Logits of a position that depend only on its token (random weights): padding cannot change them."""
 

@@ -166,9 +166,15 @@ def test_per_layer_sensitivity_is_the_mismatch_with_each_layer_kept_alone():
 def test_keep_applies_to_every_format_and_reports_the_kept_share():
     cfg = DoctorConfig(model="tiny-llama", formats=["mxfp4", "int4"], prompts=4, max_new_tokens=6,
                        keep=["model.layers.*.mlp.*"], per_layer=True)  # fmt: skip
-    res = diagnose(cfg, tiny_model("tiny-llama", seed=1), None)
+    model = tiny_model("tiny-llama", seed=1)
+    c = model.config
+    assert (c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads) == (64, 128, 4, 2)
+    # by hand, per block: attention q, o 64x64 and k, v 64x32 (2 of 4 heads' width): 12288 weights; MLP 3 x 64x128:
+    # 24576. The share counts weights, not layers (3 of 7 would be 0.43)
+    kept = 24576 / (12288 + 24576)
+    res = diagnose(cfg, model, None)
     for r in res.values():
-        assert 0 < r["kept_weights"] < 1 and "kept_weights" in table(res)
+        assert r["kept_weights"] == pytest.approx(kept) and "kept_weights" in table(res)
         assert r["per_layer"] and not any(".mlp." in x["layer"] for x in r["per_layer"])
     with pytest.raises(ValueError, match="keep must be a list of non-empty module-name patterns"):
         diagnose(DoctorConfig(model="tiny-llama", keep=[""]), tiny_model(), None)

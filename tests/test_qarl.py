@@ -100,6 +100,14 @@ def test_error_tokens_flag_loops_and_ratio_runs_only():
     assert not flags[0].any()
     assert flags[1, 10:].all() and not flags[1, :10].any()
     assert flags[2, 5:11].all() and flags[2].sum() == 6
+    # either direction of disagreement, and a run exactly min_run long counts while one token shorter does not
+    log_ratio = torch.zeros(3, t)
+    log_ratio[0, 5:11] = -2.5  # the rollout far more confident than the trainer
+    log_ratio[2, 2:6] = 1.5  # 4 tokens: min_run
+    log_ratio[2, 20:23] = -1.5  # 3 tokens
+    flags = error_tokens(ids, mask, log_ratio, min_loop=12, min_run=4)
+    assert flags[0].nonzero().flatten().tolist() == list(range(5, 11))
+    assert flags[2].nonzero().flatten().tolist() == [2, 3, 4, 5]
     # padding is never flagged, even when it repeats
     pad = torch.zeros(1, t, dtype=torch.long)
     assert not error_tokens(pad, torch.zeros(1, t, dtype=torch.bool)).any()

@@ -39,7 +39,9 @@ def test_countdown_rewards():
     assert t.reward(wrap("7+5*3"), p) == (1.5, True)
     assert t.reward(wrap("3*5+7+0"), p)[1] is False  # 0 is not an available number
     assert t.reward(wrap("3*3+13"), p)[1] is False  # 3 used twice, 13 not given
-    assert t.reward(wrap("__import__('os')"), p) == (0.5, False)  # never evaluated
+    # never evaluated: evaluated, this would leave a mark in sys.modules and give 22, the target
+    trap = "__import__('sys').modules.setdefault('aisrl_countdown_evaluated', 22)"
+    assert t.reward(wrap(trap), p) == (0.5, False) and "aisrl_countdown_evaluated" not in sys.modules
     assert t.reward(wrap("22"), p)[1] is False
     # exact arithmetic: a float's rounding let a near miss count (before: True at 1e-9 of the target)
     many = Problem("", "(3*5)+7", meta={"numbers": [3, 5, 7, 1, 9000, 9000, 9000], "target": 22})
@@ -60,6 +62,11 @@ def test_sudoku_rewards():
     assert t.reward(wrap("1234341223414123"), p) == (1.5, True)
     assert t.reward(wrap("1234 3412 2341 4123"), p)[1] is True
     assert t.reward(wrap("2134341223414123"), p)[1] is False  # invalid grid
+    # each rule on its own, every clue kept: a row (1434 repeats 4), a box (rows and columns are permutations, the
+    # top-left box holds 1, 2, 2, 3), a column (rows and boxes are permutations, column 0 reads 1, 3, 1, 3)
+    assert t.reward(wrap("1434341223414143"), p) == (0.5, False)
+    assert t.reward(wrap("1234234134124123"), Problem("0" * 16, "")) == (0.5, False)
+    assert t.reward(wrap("1234341212343412"), Problem("0" * 16, "")) == (0.5, False)
     assert t.reward(wrap("3412123441232341"), Problem("1000000000000000", ""))[1] is False  # breaks a clue
 
 
