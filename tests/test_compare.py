@@ -210,6 +210,20 @@ def test_a_removed_metrics_line_leaves_a_gap_not_a_shift_in_the_per_step_curves(
     assert reward[1][2] == pytest.approx((1.5 + 2) / 2)  # seed 0: mean(1, 2); seed 1: mean(1, 2, 3)
 
 
+def test_falls_and_collapses_are_counted_apart_and_a_pair_needs_both_numbers(tmp_path):
+    cfg = CompareConfig(methods=["tis"], formats=["mxfp4"], seeds=[0, 1], out=str(tmp_path))
+    kl, nan = [0.1] * 10, float("nan")
+    runs = {("tis", 0): _fake_rows([0.7] * 10, {5: 0.4, 10: 0.2}, 0.3, kl),  # held-out falls 20 points, reward flat
+            ("tis", 1): _fake_rows([0.6] * 10, {5: 0.3, 10: 0.3}, 0.3, kl),  # neither
+            ("ref", 0): _fake_rows([0.5] * 10, {5: 0.3, 10: 0.3}, 0.3, kl),
+            ("ref", 1): _fake_rows([0.5] * 8 + [nan] * 2, {5: 0.3, 10: 0.3}, 0.3, kl)}  # last fifth: nothing scored
+    for run in plan(cfg):
+        _write_run(run.path(tmp_path), runs[("ref" if run.reference else "tis", run.seed)])
+    g = aggregate(cfg, plan(cfg), max_steps=10)["groups"]["mxfp4/tis"]
+    assert (g["falls"], g["collapses"]) == (1, 0)
+    assert g["paired_seeds"] == [0] and g["reward_vs_reference"] == pytest.approx((0.7 - 0.5, None))
+
+
 def test_paired_differences_leave_out_seeds_whose_runs_started_apart(tmp_path):
     cfg = CompareConfig(methods=["tis"], formats=["mxfp4"], seeds=[0, 1, 2], out=str(tmp_path))
     for run in plan(cfg):

@@ -416,3 +416,18 @@ def test_a_bare_linear_and_a_trainer_without_the_bias_are_refused_by_name():
     rollout = quantize_(nn.Sequential(nn.Linear(64, 8)), quant_config("fp8_e4m3"))
     with pytest.raises(ValueError, match=r"no parameter '0.bias' where the rollout copy's layer has a bias"):
         sync_weights(nn.Sequential(nn.Linear(64, 8, bias=False)), rollout)
+
+
+def test_kv_scales_are_amax_over_448_per_request_and_head_over_the_unmasked_positions():
+    from aisrl.quant import kv_scales
+
+    x = torch.zeros(2, 2, 3, 4)  # (B, H, S, D)
+    x[0, 0, 0, 1], x[0, 1, 2, 3] = 448.0, -44.8  # request 0: head 0 amax 448, head 1 amax 44.8
+    x[1, 0, 1, 0], x[1, 0, 2, 0] = 4.48, 896.0  # request 1: 896 at a padded position
+    x[1, 1, 1, 2] = 2.24
+    mask = torch.tensor([[True, True, True], [True, True, False]])  # request 1's last position is padding
+    s = kv_scales(x, mask)
+    assert s.shape == (2, 2, 1, 1)
+    torch.testing.assert_close(s.flatten(), torch.tensor([1.0, 0.1, 0.01, 0.005]))  # 448/448, 44.8/448, 4.48/448, ...
+    assert kv_scales(x)[1, 0].item() == 2.0  # without the mask the padding's 896 sets the scale
+    assert kv_scales(x, mask, margin=2.0)[0, 0].item() == 2.0  # the margin widens the range

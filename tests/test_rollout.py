@@ -69,6 +69,9 @@ def test_process_logits_top_k_top_p_by_hand():
     torch.testing.assert_close(lp, torch.tensor([[5 / 7, 2 / 7, 0, 0, 0]]))
     lp = process_logits(logits, SamplingParams(top_p=0.8)).exp()  # 0.5 + 0.2 < 0.8 <= 0.85: three kept
     torch.testing.assert_close(lp, torch.tensor([[0.5, 0.2, 0.15, 0, 0]]) / 0.85)
+    # the smallest set whose mass reaches top_p: a mass equal to it is enough (0.5 alone reaches 0.5)
+    halves = torch.log(torch.tensor([[0.5, 0.25, 0.25]]))
+    assert process_logits(halves, SamplingParams(top_p=0.5)).exp().tolist() == [[1.0, 0.0, 0.0]]
     lp = process_logits(logits, SamplingParams(temperature=0.5)).exp()
     p2 = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05]) ** 2
     torch.testing.assert_close(lp, (p2 / p2.sum())[None])
@@ -78,6 +81,8 @@ def test_inverse_cdf_picks_the_first_token_whose_cumulative_mass_reaches_u():
     logp = torch.tensor([[0.1, 0.0, 0.3, 0.6]]).log().expand(6, 4)  # token 1 has zero probability
     u = torch.tensor([0.05, 0.09, 0.11, 0.39, 0.41, 0.99])
     assert inverse_cdf(logp, u).tolist() == [0, 0, 2, 2, 3, 3]
+    # a u the cumulative mass reaches exactly: that token, not the next (cdf [0.5, 1.0], u 0.5 -> token 0)
+    assert inverse_cdf(torch.zeros(1, 2).log_softmax(-1), torch.tensor([0.5])).tolist() == [0]
     g = torch.Generator().manual_seed(0)  # wide rows with masked holes: the count definition, checked by brute force
     logits = torch.randn(64, 5000, generator=g).masked_fill(torch.rand(64, 5000, generator=g) < 0.3, -torch.inf)
     logp, u = logits.log_softmax(-1), torch.rand(64, generator=g)

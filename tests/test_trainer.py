@@ -442,6 +442,11 @@ def test_mismatch_guard_trips_on_a_jump_of_the_k3_kl_and_restores_the_saved_weig
     assert not g.tripped(60.0) and not g.rebased and g.history == [50.0, 60.0]  # re-armed after a half-window
     g.save(model, opt)
     assert g.tripped(1000.0) and g.state()["model"]["weight"].shape == (2, 2)  # 4 x the median 55 is the bar
+    # the baseline is the last `window` k3s, and a jump exceeds factor x their median: at it is no jump
+    last = MismatchGuard(4.0, window=4, saved={"model": {}, "optimizer": {}})
+    assert not any(last.tripped(k) for k in (1.0, 1.0, 3.0, 3.0)) and last.history == [1.0, 1.0, 3.0, 3.0]
+    assert last.tripped(8.01) and not last.tripped(8.0)  # median 2: the bar is 8
+    assert last.history == [1.0, 3.0, 3.0, 8.0]  # the oldest leaves
     exact = MismatchGuard(4.0, window=4, history=[0.0, 0.0], saved={"model": {}, "optimizer": {}})
     assert not exact.tripped(1e-7) and exact.tripped(2 * MismatchGuard.MIN_K3)  # bit-identical rollouts: median 0
     # a NaN k3 (an unmeasured batch) neither trips nor enters the baseline, where its median would disarm the guard

@@ -136,5 +136,14 @@ def test_micro_batches_accumulate_the_full_batch_gradient_and_metrics(loss, agg)
         out[micro] = theta.grad.clone(), {k: v for k, v in m.items() if not k.startswith("time")}
     (g_full, m_full), (g_micro, m_micro) = out[n], out[3]
     assert g_full.abs().max() > 0 and (g_full[4] == 0).all()  # something to learn, nothing from the empty row
+    # and the one pass is the loss of aisrl.losses on the whole batch: its denominators count the rows and tokens that
+    # hold a token (row 4 holds none), not every row
+    from aisrl.losses import LOSSES
+
+    theta.grad = None
+    direct, _ = LOSSES[loss](old + theta, old, adv, mask, weights=w, clip=(0.2, 0.2), agg=agg if loss == "grpo" else
+                             "seq-mean", dual_clip=3.0 if loss == "tbpo" else None, horizon=t)  # fmt: skip
+    direct.backward()
+    torch.testing.assert_close(g_full, theta.grad, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(g_micro, g_full, rtol=1e-5, atol=1e-7)
     assert m_micro.keys() == m_full.keys() and all(m_micro[k] == pytest.approx(m_full[k], abs=1e-6) for k in m_full)
