@@ -66,6 +66,10 @@ def test_the_pick_is_the_candidate_whose_gradient_is_nearest_the_reference():
 
     pick, m = closest_end_point(["tis", "seq_tis"], nan_for_token_weights, ref, old, roll, mask, lambda n: {})
     assert m["calib_dist_tis"].item() == float("inf") and pick == "seq_tis"
+    # a kept mixture of which a candidate left (a branch with fewer candidates) is renormalised: weights sum to 1
+    w, _, _ = end_point_weights(["tis", "prefix_tis"], low, torch.zeros(2), old, roll, mask, lambda n: {},
+                                keep={"tis": 0.3, "prefix_tis": 0.3, "seq_tis": 0.4})  # fmt: skip
+    assert w == pytest.approx({"tis": 0.5, "prefix_tis": 0.5})
     # (seq_tis's weights are the smaller, so a zero reference measured anyway would pick it: keep tis to tell)
     for keep, want in (("tis", "tis"), ("seq_tis", "seq_tis"), (None, "tis")):  # None: the first candidate
         pick, _ = closest_end_point(["tis", "seq_tis"], low, torch.zeros(2), old, roll, mask, lambda n: {}, keep=keep)

@@ -534,3 +534,35 @@ def test_a_veto_below_the_clamp_sees_the_log_ratio_before_it():
     assert not correct("veto", old, roll, mask, threshold=1e-10).mask.any()
     assert correct("veto", old, roll, mask, threshold=1e-14).mask.all()  # e^-30 = 9.4e-14 is above it
     assert not correct("tis", old, roll, mask, veto=1e-10).mask.any()  # the veto option of any correction too
+
+
+def test_edge_cases_of_the_metrics_and_masks_by_hand():
+    """Values worked out by hand where a plausible slip in the code would change them (found by mutation testing)."""
+    from aisrl.diagnostics import k3_per_token
+
+    ones = lambda t: torch.ones(1, t, dtype=torch.bool)  # noqa: E731
+    # the severity is the k3 mean over the tokens the trainer can score: a zero-probability token adds 0, not its
+    # clamped e^20-sized k3 (which made alpha ~1 here)
+    r = correct("ais", torch.tensor([[0.1, -math.inf, 0.0]]), torch.zeros(1, 3), ones(3))
+    assert r.metrics["divergence_severity"].item() == pytest.approx((math.exp(0.1) - 1.1) / 2, rel=1e-6)
+    # k1 = -delta is compared in absolute value: a token the trainer finds likelier (k1 = -1) is rejected too
+    old, roll = torch.tensor([[1.0, 0.0]]), torch.zeros(1, 2)
+    assert correct("k1_reject", old, roll, ones(2), threshold=0.05, level="token").mask.tolist() == [[False, True]]
+    assert correct("k1_reject", old, roll, ones(2), threshold=0.05, level="seq_max").mask.tolist() == [[False, False]]
+    # the AIS view is at token TIS's cap whatever cap another correction takes: w = (e^3 -> 2, 1), Gamma = 2.5 / 1.5^2
+    r = correct("seq_tis", torch.tensor([[3.0, 0.0]]), torch.zeros(1, 2), ones(2), cap=5.0)
+    assert r.metrics["variance_amplification"].item() == pytest.approx(2.5 / 2.25, rel=1e-6)
+    # equal weights have spread 0, not a NaN from a rounding below 0
+    r = correct("tis", torch.full((1, 37), -0.025), torch.zeros(1, 37), ones(37))
+    assert r.metrics["weight_std"].item() == 0.0 and r.metrics["is_weight_std"].item() == 0.0
+    # a rollout log-prob of -inf is floored at -1e4 for the perplexity: exp((1e4 + 199 x 1) / 200)
+    old = torch.full((1, 200), -1.0)
+    roll = old.clone()
+    roll[0, 0] = -math.inf
+    assert correct("tis", old, roll, ones(200)).metrics["rollout_ppl"].item() == pytest.approx(
+        math.exp((1e4 + 199) / 200), rel=1e-6)
+    # k3 = e^d - 1 - d keeps its precision for a tiny d: d^2 / 2 + d^3 / 6
+    assert k3_per_token(torch.tensor([1e-10], dtype=torch.float64)).item() == pytest.approx(5e-21, rel=1e-6)
+    # a weight at the cap is not clipped (w = 1, cap 1); an empty batch has chi-square 0
+    assert correct("tis", torch.zeros(1, 2), torch.zeros(1, 2), ones(2), cap=1.0).metrics["clip_frac_token"] == 0
+    assert correct("tis", torch.zeros(1, 2), torch.zeros(1, 2), ~ones(2)).metrics["chi2_token"] == 0

@@ -315,3 +315,20 @@ def test_reference_kl_skips_tokens_outside_a_truncated_support(loss_name):
     assert torch.isfinite(loss) and loss.abs().item() < 10 and torch.isfinite(logits.grad).all()
     no_ref, m0 = LOSSES[loss_name](logp.detach(), old, adv, mask)
     assert m0["kl_ref_skipped_frac"].item() == 0.0
+
+
+def test_surrogate_edge_cases_by_hand():
+    """Values worked out by hand where a plausible slip in the code would change them (found by mutation testing)."""
+    # the old policy is a constant: with old_logp the very tensor logp (on-policy), r = 1 and dl/dlogp = -A / N_tok
+    logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    loss, _ = grpo_loss(logp, logp, torch.tensor([2.0]), torch.ones(1, 3, dtype=torch.bool))
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.full((1, 3), -2 / 3))
+    # a token inside the band is not clipped: ratios 1 and e^0.5 > 1.2, so half the tokens are
+    _, m = grpo_loss(torch.tensor([[-1.0, -0.5]]), torch.tensor([[-1.0, -1.0]]), torch.tensor([1.0]),
+                     torch.ones(1, 2, dtype=torch.bool))  # fmt: skip
+    assert m["pg_clip_frac"].item() == pytest.approx(0.5)
+    # weights off the mask (padding) never reach the loss, NaN included: -A r w / N_tok = -1 x 1 x 2 / 1
+    loss, _ = grpo_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([1.0]), torch.tensor([[True, False]]),
+                        weights=torch.tensor([[2.0, float("nan")]]))  # fmt: skip
+    assert loss.item() == -2.0
