@@ -1,7 +1,7 @@
 """What a run is made of, built from its TrainConfig: the model and tokenizer, the task and its problem pools, how the
 model samples and scores (aisrl.policy), and the low-precision rollout copy with the function that syncs it.
 
-Why it is its own module: the trainer builds these once per run, and so do everything that looks at a run after it
+Why it is its own module: the trainer builds these once per run, and so does everything that looks at a run after it
 trained (final scoring, `aisrl eval`, `aisrl doctor`, branches, benchmarks). Building them in one place keeps every
 consumer on the same model, prompts and problems as the run itself; the pools, for one, are fixed by the run's seed
 (train split with `seed`, held-out split with `seed + 1`).
