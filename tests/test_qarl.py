@@ -108,6 +108,11 @@ def test_error_tokens_flag_loops_and_ratio_runs_only():
     flags = error_tokens(ids, mask, log_ratio, min_loop=12, min_run=4)
     assert flags[0].nonzero().flatten().tolist() == list(range(5, 11))
     assert flags[2].nonzero().flatten().tolist() == [2, 3, 4, 5]
+    # a loop of the longest period counts (period 8 over 40 tokens: all of them); a left padding whose id the first
+    # tokens repeat is no loop (12 real zeros repeat 11 times, below min_loop)
+    assert error_tokens(torch.arange(8).repeat(5)[None], torch.ones(1, 40, dtype=torch.bool), max_period=8).all()
+    padded = torch.arange(22)[None] >= 10
+    assert not error_tokens(torch.zeros(1, 22, dtype=torch.long), padded, min_loop=12).any()
     # padding is never flagged, even when it repeats
     pad = torch.zeros(1, t, dtype=torch.long)
     assert not error_tokens(pad, torch.zeros(1, t, dtype=torch.bool)).any()

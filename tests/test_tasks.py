@@ -8,6 +8,7 @@ import re
 import sys
 
 import pytest
+import torch
 
 from aisrl.tasks import Arithmetic, Countdown, JsonlMath, Problem, Sudoku4, _split_of, extract_answer, make_task
 
@@ -421,3 +422,39 @@ def test_long_digit_strings_are_wrong_answers_not_errors():
 def test_asking_for_no_problems_gives_none():
     for name in ("arithmetic", "countdown", "sudoku4"):
         assert make_task(name).problems("train", 0) == []
+
+
+def test_an_answer_of_two_delimited_values_is_not_the_first(tmp_path):
+    pytest.importorskip("math_verify")
+    path = tmp_path / "two.jsonl"
+    path.write_text(json.dumps({"question": "q", "answer": "2"}))
+    t, p = JsonlMath(str(path)), Problem("q", "2")
+    # before: the outer \( and \) were taken off as if they wrapped one piece of math, leaving `2\) and \(3`: read as 2
+    assert not t.check(r"\(2\) and \(3\)", p) and not t.check(r"\[2\] or \[3\]", p)
+    assert t.check(r"\(2\)", p) and t.check(r"\[ 2 \]", p) and t.check("$2$", p)  # one value, delimited: still 2
+
+
+def test_edges_of_the_rules_by_hand(tmp_path):
+    """Values worked out by hand where a plausible slip in the code would change them (found by mutation testing)."""
+    from aisrl.solrl import select_extremes
+    from aisrl.tasks.base import _plain_number
+
+    countdown = Problem("Use 3 5 7 to make 22", "(3*5)+7", meta={"numbers": [3, 5, 7], "target": 22})
+    assert not Countdown().check("5*5-3", countdown)  # 25 - 3 = 22, but 5 is given once
+    assert Sudoku4().check("1234341221434321", Problem("0" * 16, ""))  # a valid grid...
+    assert not Sudoku4().check("1234341221434321", Problem("0" * 15 + "3", ""))  # ...that breaks the last clue
+    assert Sudoku4(holes=16).problems("train", 1)[0].question == "0" * 16  # every cell a hole
+    assert _plain_number("1000,000") is None and _plain_number("1,000,000") == 1_000_000  # thousands groups of 3
+    assert Arithmetic().reward(wrap("+71"), Problem("23+48", "71")) == (1.5, True)  # a written plus sign
+    assert select_extremes(torch.tensor([3.0, 1.0, 2.0, 0.0]), pool=4, keep=4).tolist() == [3, 1, 2, 0]  # keep = pool
+    # 1 in 8 problems held out: 8000 strings, 1000 expected, SD about 30
+    assert 900 <= sum(_split_of(str(i)) == "test" for i in range(8000)) <= 1100
+    # every distinct problem of a small space is found: 0-9 + 0-9 has 100, of which the split rule holds out these
+    small = Arithmetic(max_operand=9, ops="+")
+    k = sum(_split_of(f"{a}+{b}") == "test" for a in range(10) for b in range(10))
+    assert len(small.problems("test", k, seed=7)) == k
+    # GSM8K's `#### 72` keeps 72 (spaces off); a line of spaces in a JSONL file is no row
+    path = tmp_path / "gsm.jsonl"
+    path.write_text(json.dumps({"question": "q", "answer": "work\n#### 72"}) + "\n   \n"
+                    + json.dumps({"question": "r", "answer": "5"}) + "\n")  # fmt: skip
+    assert [p.answer for p in JsonlMath(str(path)).rows] == ["72", "5"]

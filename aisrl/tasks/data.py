@@ -123,7 +123,8 @@ class JsonlMath(Task):
         random.Random(seed).shuffle(pool)
         return pool[:n]
 
-    scorer_version = 2  # 2: `**18**`, `€18`, `18 (apples)`, `\\[18\\]`, `Yes.` count; `isn't 18`, `19 = 18` do not
+    scorer_version = 3  # 2: `**18**`, `€18`, `18 (apples)`, `\\[18\\]`, `Yes.` count; `isn't 18`, `19 = 18` do not;
+    # 3: `\\(2\\) and \\(3\\)` is two values, not 2
 
     def check(self, answer, problem):
         if answer.strip() == problem.answer.strip():
@@ -155,11 +156,14 @@ class JsonlMath(Task):
 
 def _unwrapped(math: str) -> str:
     """LaTeX without its math delimiters (`$...$`, `\\[...\\]`, `\\(...\\)`), to be wrapped in one `$...$`: a
-    second pair inside made the text unreadable to math-verify."""
+    second pair inside made the text unreadable to math-verify. Only a pair around the whole text is taken off: in
+    `\\(2\\) and \\(3\\)` the first and last delimiters belong to two pieces of math, and taking them off left
+    `2\\) and \\(3`, which math-verify read as 2 (an answer of two values scored as the first)."""
     math = math.strip().strip("$").strip()
     for left, right in (("\\[", "\\]"), ("\\(", "\\)")):
-        if math.startswith(left) and math.endswith(right):
-            math = math[len(left) : -len(right)].strip()
+        inner = math[len(left) : -len(right)]
+        if math.startswith(left) and math.endswith(right) and left not in inner and right not in inner:
+            math = inner.strip()
     return math
 
 
