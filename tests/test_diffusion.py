@@ -170,6 +170,13 @@ def test_bad_generation_parameters_are_named():
             DiffusionParams(temperature=bad)
 
 
+def test_a_mask_of_ones_means_the_positions_of_no_mask():
+    # positions count from each row's first token: with nothing padded they are 0..T-1, as without a mask
+    model = tiny_diffusion_model(20, 19, hidden=32, layers=1, max_len=16)
+    x = torch.tensor([[3, 4, 5, 19]])
+    torch.testing.assert_close(model(x).logits, model(x, attention_mask=torch.ones_like(x, dtype=torch.bool)).logits)
+
+
 def test_the_tiny_model_and_d1_log_probs_do_not_see_the_padding():
     # positions and prompt-mask draws are counted from each row's first token: a row samples and scores the same
     # alone, beside a longer prompt, or padded wider (another rank's share under torchrun)

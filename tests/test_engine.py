@@ -70,6 +70,9 @@ def test_sampling_is_per_request_and_deterministic(quant):
         assert abs(u.var().item() - 1 / 12) < 0.005 and u[:8].min() > 1e-3  # seeds 0-7: none at the edge
     assert torch.equal(counter_uniform(torch.tensor([2**40 + 5]), torch.tensor([3])),
                        counter_uniform(torch.tensor([1, 2**40 + 5]), torch.tensor([3]))[1:])  # fmt: skip
+    # every bit of a 64-bit seed counts: seeds 2^32 apart draw other uniforms
+    u = counter_uniform(torch.tensor([5, 5 + 2**32]), torch.tensor([0]))
+    assert u[0] != u[1]
     # seed 10303117 hashes to the top of the 24-bit range at step 0 (found by search): still below 1
     assert 1 - 2**-23 < counter_uniform(torch.tensor([10303117]), torch.tensor([0])).item() < 1
 
@@ -79,6 +82,9 @@ def test_eos_ends_rows_and_masks_the_rest():
     r = eng.generate(PROMPTS, SamplingParams(30), seeds=[1, 2, 3], eos_id=list(range(3, 60)))  # EOS comes fast
     again = eng.generate(PROMPTS, SamplingParams(30), seeds=[1, 2, 3], eos_id=torch.arange(3, 60))  # before: raised
     assert torch.equal(again.completion_mask, r.completion_mask)
+    # the engine's state, sized by an earlier call with no EOS, grows for a longer EOS list
+    eng.generate([[5, 6]], SamplingParams(2), eos_id=[])
+    assert eng.generate([[5, 6]], SamplingParams(2), eos_id=list(range(60, 77))).completion_mask.shape == (1, 2)
     lengths = r.completion_mask.sum(-1)
     for i, n in enumerate(lengths.tolist()):
         assert 3 <= r.completion_ids[i, n - 1].item() < 60  # the EOS is the last kept token

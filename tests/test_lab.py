@@ -54,6 +54,8 @@ def test_run_sft_with_a_band_stops_at_the_first_check_inside_it_or_at_the_step_b
     fake = _FakeSFT([0.0, 0.0, 0.0, 0.9])  # never inside within 130 steps: the budget ends it
     assert run_sft(LabConfig(sft_steps=130, target=(0.1, 0.4)), fake.train, fake.accuracy, None) == (130, 0.0)
     assert fake.calls == [50, 50, 30]
+    for edge in (0.1, 0.4):  # the band is closed: an accuracy on either edge is inside
+        assert run_sft(LabConfig(sft_steps=100, target=(0.1, 0.4)), fake.train, lambda e=edge: e, None) == (0, edge)
 
 
 def test_band_checks_do_not_perturb_training(tmp_path, monkeypatch):
@@ -210,3 +212,6 @@ def test_a_band_stopped_warm_start_is_keyed_by_the_tasks_scorer(monkeypatch, tmp
     monkeypatch.setattr(countdown, "scorer_version", countdown.scorer_version + 1)
     assert _cache_dir(banded) != keys[0]  # a new scorer, a new band-stopped warm start
     assert _cache_dir(plain) == keys[1]  # a fixed number of steps trains the same weights whatever the scorer
+    # other problems train other weights: a task's new problems_version is a new entry, banded or not
+    monkeypatch.setattr(countdown, "problems_version", getattr(countdown, "problems_version", 1) + 1)
+    assert _cache_dir(plain) != keys[1]

@@ -89,6 +89,8 @@ def test_a_metric_of_several_values_is_named_before_anything_is_written(tmp_path
         t.log_step({**ROW, "per_token": torch.ones(3)})
     with pytest.raises(ValueError, match=r"metric 'hist' holds 2 values"):
         t.log_step({**ROW, "hist": np.zeros(2)})
+    with pytest.raises(ValueError, match=r"metric 'none' holds 0 values"):  # an empty tensor is no number either
+        t.log_step({**ROW, "none": torch.tensor([])})
     out = t.log_step({**ROW, "np_mean": np.float32(0.5)})  # a numpy number is a number (was not JSON)
     t.close()
     assert out["np_mean"] == 0.5 and type(out["np_mean"]) is float
