@@ -241,3 +241,20 @@ def test_greedy_evaluation_with_random_remasking_does_not_depend_on_a_problems_p
     batch = policy.greedy(model, prompts).completion_ids
     for i, p in enumerate(prompts):  # alone, as another rank's share would hold it
         assert torch.equal(policy.greedy(model, [p]).completion_ids[0], batch[i])
+
+
+def test_a_diffusion_rollout_keeps_tokens_up_to_its_first_eos_and_each_step_masks_prompts_anew(monkeypatch):
+    import aisrl.diffusion
+    from aisrl.policy import DiffusionPolicy
+
+    params = DiffusionParams(gen_length=4, block_length=4, steps=4, temperature=1.0)
+    policy = DiffusionPolicy(params, MASK, pad_id=0, eos_id=2, p_mask=0.5, micro_batch=4)
+    x = torch.tensor([[1, 5, 7, 2, 9, 9], [1, 5, 7, 8, 9, 9]])  # a prompt of 2; row 0 ends at its EOS, row 1 never
+    attn = torch.ones_like(x, dtype=torch.bool)
+    monkeypatch.setattr(aisrl.diffusion, "diffusion_generate", lambda *a, **k: (x.clone(), attn.clone()))
+    model = tiny_diffusion_model(V, MASK, hidden=32, layers=1, max_len=16)
+    r = policy.sample(model, [[1, 5], [1, 5]], [0, 1], 0)
+    assert r.completion_mask.tolist() == [[True, True, False, False], [True, True, True, True]]  # EOS included
+    # the d1 log-probs draw their prompt masks from (seed, step): another step, other masks, other log-probs
+    assert not torch.equal(policy.score(model, r, 0), policy.score(model, r, 1))
+    assert torch.equal(policy.score(model, r, 1), policy.score(model, r, 1))
