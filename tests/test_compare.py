@@ -387,8 +387,9 @@ def test_publish_writes_results_and_benchmarks_section(tmp_path):
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "kept" in text and "<!-- BEGIN compare -->" in text
     assert "| int4 | none | 1 | 25.0 | 30.0 | 30.0 | 0/1 |" in text and "| - |" in text  # one seed: no ± spread
-    m = result["machine"]  # the machine line names the CPU model where there is one, not just "x86_64"
-    assert f"Machine: {m.get('cpu') or m['processor']}, {m['cpus']} CPUs, torch {m['torch']}; 1 steps" in text
+    m = result["machine"]  # the machine line names the CPU model where there is one, not just "x86_64", after the GPU
+    gpu = f"{m['cuda']}, " if m["cuda"] else ""
+    assert f"Machine: {gpu}{m.get('cpu') or m['processor']}, {m['cpus']} CPUs, torch {m['torch']}; 1 steps" in text
     assert (tmp_path / "benchmarks/results/compare.png").exists()
     cfg.preset = "diffusion_lab"  # another preset's study keeps its own section and files
     publish(cfg, result, root=tmp_path)

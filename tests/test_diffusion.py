@@ -258,3 +258,23 @@ def test_a_diffusion_rollout_keeps_tokens_up_to_its_first_eos_and_each_step_mask
     # the d1 log-probs draw their prompt masks from (seed, step): another step, other masks, other log-probs
     assert not torch.equal(policy.score(model, r, 0), policy.score(model, r, 1))
     assert torch.equal(policy.score(model, r, 1), policy.score(model, r, 1))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_model_on_the_gpu_samples_and_scores_as_on_the_cpu():
+    # the sampler's random numbers are drawn on the CPU whatever the model's device, and its state stays there: an
+    # FP32 model on the GPU picks the CPU's tokens (rounding may flip a near tie) and gives its d1 log-probs
+    torch.manual_seed(0)
+    cpu = tiny_diffusion_model(V, MASK, hidden=32, layers=2, max_len=64)
+    gpu = copy.deepcopy(cpu).cuda()
+    params = DiffusionParams(gen_length=8, block_length=4, steps=4, temperature=1.0, remasking="random")
+    prompts, seeds = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11]] * 4, list(range(16))
+    x, attn = diffusion_generate(cpu, prompts, params, mask_id=MASK, seeds=seeds)
+    y, attn_gpu = diffusion_generate(gpu, prompts, params, mask_id=MASK, seeds=seeds, micro_batch=5)
+    assert y.device.type == "cpu" and torch.equal(attn, attn_gpu)
+    assert (x == y).float().mean() > 0.95
+    done = torch.ones(16, 8, dtype=torch.bool)
+    a = diffusion_logprobs(cpu, x, attn, x.shape[1] - 8, done, mask_id=MASK, seed=11)
+    b = diffusion_logprobs(gpu, x, attn, x.shape[1] - 8, done, mask_id=MASK, seed=11)
+    assert b.device.type == "cpu" and a.abs().min() > 0
+    torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)

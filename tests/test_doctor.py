@@ -223,3 +223,19 @@ def test_start_examines_a_runs_checkpoint_with_the_runs_settings(tmp_path, monke
     (run / "config.json").unlink()  # a run from before runs recorded their settings: the way to give them here
     with pytest.raises(ValueError, match="has no config.json .* takes no training keys: .* pass --preset FILE"):
         diagnose(DoctorConfig(start=f"{run}:2", formats=["mxfp4_w4a4"]))
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_device_cuda_moves_a_given_model_and_measures_as_on_the_cpu():
+    # device=auto leaves a caller's model where it is; device=cuda takes it to the GPU, where FP32 sampling and scoring
+    # round differently but measure the same mismatch
+    model = tiny_model("tiny-llama", seed=1)
+    cfg = DoctorConfig(model="tiny-llama", formats=["fp8_e4m3_w8a8", "mxfp4"], prompts=6, max_new_tokens=10)
+    cpu = diagnose(cfg, model, None)
+    assert next(model.parameters()).device.type == "cpu"
+    gpu = diagnose(DoctorConfig(**{**cfg.__dict__, "device": "cuda"}), model, None)
+    assert next(model.parameters()).device.type == "cuda"
+    for f in cfg.formats:
+        assert gpu[f]["tokens"] == cpu[f]["tokens"] == 60
+        assert 0.5 < gpu[f]["k3_kl"] / cpu[f]["k3_kl"] < 2, (f, gpu[f]["k3_kl"], cpu[f]["k3_kl"])
+    assert gpu["fp8_e4m3_w8a8"]["k3_kl"] < gpu["mxfp4"]["k3_kl"]
