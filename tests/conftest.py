@@ -27,3 +27,19 @@ def load_benchmark(name: str):
     sys.modules[name] = mod  # dataclasses look their module up while the class is made
     spec.loader.exec_module(mod)
     return mod
+
+
+def loud_pad(model, pad_id: int = 0):
+    """`model` with its first layer's keys for token `pad_id` ~30x the largest of any other token's: an FP8 KV scale
+    that took the padding's keys into its amax would round every real key coarsely. Hidden dimension 0 is zeroed in
+    every other embedding and carries the pad's whole norm (RMSNorm keeps a token's direction, not its scale)."""
+    import torch
+
+    with torch.no_grad():
+        embed = model.get_input_embeddings().weight  # (V, hidden)
+        embed[:, 0] = 0
+        embed[pad_id] = 0
+        embed[pad_id, 0] = 1
+        k_proj = model.model.layers[0].self_attn.k_proj.weight  # (Hk * D, hidden)
+        k_proj[:, 0] = 30 * k_proj.abs().max()
+    return model

@@ -472,3 +472,16 @@ def test_calibration_noise_never_picks_a_candidate_whose_gradient_was_not_finite
     out = bench.main(tmp_path / "runs", [10], "t")
     assert out["picks_debiased"] == {"b": 1} and out["picks_pooled"] == {"b": 1}
     assert math.isfinite(out["median_noise_share"])
+
+
+def test_combine_keeps_a_token_any_candidate_keeps():
+    # two rejection rules that keep different tokens: the mixture keeps the union, each token weighted by the
+    # candidates that kept it (a dropped token's weight is 0 in its own result)
+    old, roll = torch.tensor([[1.0, 0.0, -1.0]]), torch.zeros(1, 3)  # w = e, 1, 1/e
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    high = correct("icepop", old, roll, mask, low=0.5, high=2.0)  # drops w = e
+    low = correct("icepop", old, roll, mask, low=0.5, high=3.0)  # keeps w = e, drops 1/e (below 0.5)
+    assert high.mask.tolist() == [[False, True, False]] and low.mask.tolist() == [[True, True, False]]
+    res = combine({"a": high, "b": low}, {"a": 0.25, "b": 0.75})
+    assert res.mask.tolist() == [[True, True, False]]
+    torch.testing.assert_close(res.weights, torch.tensor([[0.75 * math.e, 1.0, 0.0]]))

@@ -566,3 +566,18 @@ def test_edge_cases_of_the_metrics_and_masks_by_hand():
     # a weight at the cap is not clipped (w = 1, cap 1); an empty batch has chi-square 0
     assert correct("tis", torch.zeros(1, 2), torch.zeros(1, 2), ones(2), cap=1.0).metrics["clip_frac_token"] == 0
     assert correct("tis", torch.zeros(1, 2), torch.zeros(1, 2), ~ones(2)).metrics["chi2_token"] == 0
+
+
+def test_clip_fractions_count_every_valid_token_and_the_ais_flag_sees_its_floor():
+    """A clipped token counts among the valid tokens, whether or not a veto drops it later (clip and mask are two
+    questions: what the correction bounded, what the loss kept): worked out by hand on two sequences of two tokens."""
+    old = torch.tensor([[math.log(3.0), -30.0], [0.0, 0.0]])  # w = 3 (above the cap 2), e^-30 (vetoed), 1, 1
+    roll, mask = torch.zeros(2, 2), torch.ones(2, 2, dtype=torch.bool)
+    m = correct("tis", old, roll, mask, cap=2.0, veto=1e-10).metrics
+    assert (m["clip_frac_token"].item(), m["clip_frac_seq"].item()) == (0.25, 0.5)
+    assert (m["mask_frac_token"].item(), m["mask_frac_seq"].item()) == (0.5, 0.5)
+    # AIS flags a weight under its floor as clipped, as TIS does: w = 1/4 and 1 with floor 1/2
+    low = torch.tensor([[math.log(0.25), 0.0]])
+    for name in ("tis", "ais"):
+        res = correct(name, low, torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool), cap=2.0, floor=0.5)
+        assert res.metrics["clip_frac_token"].item() == 0.5, name

@@ -408,3 +408,16 @@ def test_the_fp8_size_check_reads_only_the_layers_that_run_in_fp8(monkeypatch):
     assert seen[-1]["vocab_size"] == 256
     Engine(tiny_model("tiny-qwen2"), QuantConfig("fp8_e4m3", activations=True, keep=("*mlp*",)), max_len=32)
     assert "intermediate_size" not in seen[-1] and "kv_heads * head_dim" in seen[-1]
+
+
+def test_fp8_kv_scales_leave_out_the_padding_however_loud():
+    # the engine's prefill calibrates each request's KV scales on its own prompt positions: a row padded beside a
+    # longer prompt samples as it does alone, though its padding's keys are ~30x its own
+    from conftest import loud_pad
+
+    eng = Engine(loud_pad(tiny_model("tiny-llama")), "fp8_e4m3_w8a8_kv", max_len=64)
+    params = SamplingParams(6)
+    batch = eng.generate(PROMPTS, params, seeds=[7, 8, 9], pad_id=0, eos_id=[])
+    alone = eng.generate(PROMPTS[:1], params, seeds=[7], pad_id=0, eos_id=[])
+    assert torch.equal(batch.completion_ids[:1], alone.completion_ids)
+    torch.testing.assert_close(batch.rollout_logp[:1], alone.rollout_logp, atol=1e-5, rtol=0)

@@ -319,3 +319,36 @@ def test_greedy_evaluation_stops_where_the_rollouts_do():
     stopping = CausalPolicy(SamplingParams(8, stop=[second]), pad_id=0, eos_id=[], tokenizer=tok)
     r = stopping.greedy(model, [[5, 6, 7]])  # before: greedy decoding dropped the stop strings and ran to 8
     assert r.completion_mask.sum() == 2 and torch.equal(r.completion_ids[0, :2], plain.completion_ids[0, :2])
+
+
+def test_fp8_kv_scales_are_calibrated_on_each_prompts_own_tokens():
+    # a padded row samples as it does alone even when its padding's keys dwarf its own: the padding stays out of the
+    # per-request scales (with it in, the row's keys were rounded on a ~30x coarser grid)
+    from conftest import loud_pad
+
+    model = loud_pad(tiny_model("tiny-llama"))
+    p = SamplingParams(max_new_tokens=6)
+    batch = generate(model, PROMPTS, p, seeds=[7, 8, 9], pad_id=0, kv_cache_fp8=True)
+    alone = generate(model, PROMPTS[:1], p, seeds=[7], pad_id=0, kv_cache_fp8=True)
+    assert torch.equal(batch.completion_ids[:1], alone.completion_ids)
+    torch.testing.assert_close(batch.rollout_logp[:1], alone.rollout_logp, atol=1e-5, rtol=0)
+
+
+def test_a_stop_string_is_found_across_tokens_that_decode_to_nothing():
+    # a byte-level tokenizer may spell one character over several tokens, some decoding to nothing alone: the stop
+    # check decodes a row's last 8 + len(stop) tokens, so `</answer>` (9 characters) is found over 15 tokens
+    from aisrl.rollout import _hit_stop
+
+    class Chars:  # one character per id; id 0 decodes to nothing
+        def decode(self, ids):
+            return "".join(chr(i) if i else "" for i in ids)
+
+    def ids(text):
+        return [ord(c) for c in text]
+
+    spread = ids("so </ans") + [0] * 6 + ids("wer> then")  # the stop ends at token 18
+    plain = ids("</answer>") + [0] * (len(spread) - 9)
+    out = torch.tensor([spread, plain])
+    hits = [_hit_stop(Chars(), out, torch.tensor([n, m]), ["</answer>"]).tolist() for n, m in ((17, 8), (18, 9))]
+    assert hits == [[False, False], [True, True]]  # one character short, then whole; nothing past a row's length
+    assert _hit_stop(Chars(), out, torch.tensor([23, 9]), ["xyz", "then"]).tolist() == [True, False]

@@ -147,3 +147,10 @@ def test_micro_batches_accumulate_the_full_batch_gradient_and_metrics(loss, agg)
     torch.testing.assert_close(g_full, theta.grad, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(g_micro, g_full, rtol=1e-5, atol=1e-7)
     assert m_micro.keys() == m_full.keys() and all(m_micro[k] == pytest.approx(m_full[k], abs=1e-6) for k in m_full)
+
+
+def test_guard_history_from_a_checkpoint_keeps_its_last_finite_window():
+    # a resumed run's baseline: the newest `window` finite k3s (a checkpoint of a longer window, or NaN steps)
+    guard = up.MismatchGuard(4.0, window=4, history=[1.0, float("nan"), 1.0, 1.0, 1.0, 5.0, float("inf"), 6.0, 7.0])
+    assert guard.history == [1.0, 5.0, 6.0, 7.0]
+    assert up.MismatchGuard(0.0, window=4, history=[1.0, 2.0]).history == []  # off: nothing kept
