@@ -223,7 +223,7 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
     from aisrl.checkpoint import latest_checkpoint
     from aisrl.lora import merged_state
     from aisrl.train_config import resolve_device
-    from aisrl.update import _eval_mode
+    from aisrl.update import eval_mode
 
     run_dir = Path(run_dir)
     ckpt = latest_checkpoint(run_dir)
@@ -250,7 +250,7 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
     scorer = model
     if cfg.rollout.engine == "static":  # its draws are not the HF sampler's: the trained model samples through an
         scorer = static_engine(cfg, model, device, pool + held, encode, None, torch.float32)  # FP32 one: seeds pair
-    with torch.no_grad(), _eval_mode(model):
+    with torch.no_grad(), eval_mode(model):
         trained = _rewards(policy, scorer, task, tok, encode, pool, samples)
         if cfg.rollout.quant == "none" and cfg.rollout.engine == "hf":  # the run sampled with this very model
             sampler = trained

@@ -315,9 +315,9 @@ def _logit_finish(model):
         return cap * torch.tanh(logits / cap) if cap else logits
 
     if model not in _HEAD_CHECKED:
-        from aisrl.update import _eval_mode
+        from aisrl.update import eval_mode
 
-        with torch.no_grad(), _eval_mode(model):  # no dropout: the two paths must see the same function
+        with torch.no_grad(), eval_mode(model):  # no dropout: the two paths must see the same function
             ids = torch.tensor([[1, 2, 3]], device=device_of(model))
             own = model(input_ids=ids).logits.float()
             hidden = model.get_decoder()(input_ids=ids).last_hidden_state

@@ -59,7 +59,7 @@ from aisrl.train_config import (
     resolve_device,
     rollout_format,
 )
-from aisrl.update import MismatchGuard, _eval_mode, _update, accumulate_gradient, active_dropout, flat_grad
+from aisrl.update import MismatchGuard, accumulate_gradient, active_dropout, eval_mode, flat_grad, policy_update
 
 
 def _init_distributed(device: torch.device) -> tuple[int, int]:
@@ -205,7 +205,7 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
         if cfg.correction.bypass:
             old_logp = r.rollout_logp
         else:
-            with torch.no_grad(), _eval_mode(model):  # no dropout noise in old_logp, hence in the weights
+            with torch.no_grad(), eval_mode(model):  # no dropout noise in old_logp, hence in the weights
                 old_logp = _score_at(policy, model, r, step, cfg.precision)
         t["time_logprob"] = time.perf_counter() - t0
         score = functools.partial(_score_at, policy, step=step, precision=cfg.precision)  # (diffusion: its seed)
@@ -254,7 +254,7 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
         t["time_correction"] = time.perf_counter() - t0
         # 4. mu epochs of the clipped loss over micro-batches, one optimizer step per epoch
         t0 = time.perf_counter()
-        loss_metrics = _update(cfg, model, ref, opt, r, old_logp, adv, res, score, policy.order(r))
+        loss_metrics = policy_update(cfg, model, ref, opt, r, old_logp, adv, res, score, policy.order(r))
         if loss_metrics["update_skipped"] == 1.0:  # nothing moved: no update for the guard to undo next step
             guard.forget()
         with warnings.catch_warnings():  # a skipped update (nothing left to train on) still advances the schedule
@@ -323,7 +323,7 @@ def _full_precision_gradient(cfg: TrainConfig, model, ref, policy, task, tok, ba
     """(P,) the uncorrected gradient of the step's prompts sampled by the full-precision trainer with the
     low-precision batch's seeds (batch: prompts, problems, seeds): the reference of a calibration (aisrl.calibrate)."""
     prompts, problems, seeds = batch
-    with torch.no_grad(), _eval_mode(model):
+    with torch.no_grad(), eval_mode(model):
         full = policy.sample(model, prompts, seeds, step)
         old_logp = _score_at(policy, model, full, step, cfg.precision)
     rewards = torch.tensor([s[0] for s in task_rewards(task, tok, full, problems)])
@@ -373,7 +373,7 @@ def evaluate(model, tok, task, encode, problems, policy, *, rank: int = 0, world
     mine = problems[rank::world]
     correct = 0.0
     if mine:
-        with alignment(model, False), _eval_mode(model):
+        with alignment(model, False), eval_mode(model):
             r = policy.greedy(model, [encode(p) for p in mine])
         correct = float(sum(s[1] for s in task_rewards(task, tok, r, mine)))
     if world > 1:

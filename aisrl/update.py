@@ -23,7 +23,7 @@ from aisrl.losses import LOSSES, SEQ_METRICS
 
 
 @contextlib.contextmanager
-def _eval_mode(model):
+def eval_mode(model):
     """The model in eval mode for the block, its previous mode restored after."""
     was = model.training
     model.eval()
@@ -45,7 +45,7 @@ def _as_reference(ref):
     """Score with the reference policy: a frozen copy as is, or a LoRA model with its adapters switched off
     (the d1 recipe's reference, without a second copy of the weights), in eval mode either way."""
     stack = contextlib.ExitStack()
-    stack.enter_context(_eval_mode(ref))
+    stack.enter_context(eval_mode(ref))
     if is_peft(ref):
         stack.enter_context(ref.disable_adapter())
     return stack
@@ -124,7 +124,7 @@ def _grad_norm(params: list[torch.Tensor]) -> float:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads])).item()
 
 
-def _update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
+def policy_update(cfg, model, ref, opt, r, old_logp, adv, res, score, order) -> dict:
     """mu epochs of accumulate_gradient, one optimizer step after each. Metrics are means over epochs; the
     seconds (time_forward, time_backward, time_optimizer: gradient clipping and the optimizer step) are totals.
     An epoch takes no step when every token is rejected (Adam's momentum would still move the weights) or when the

@@ -41,7 +41,7 @@ def test_the_correction_named_is_trained_whatever_the_base_calibrates_or_guards(
 
 
 def test_more_than_one_epoch_is_refused():
-    """_update steps the optimizer each epoch: the gradient left at the end is not the step's first one."""
+    """policy_update steps the optimizer each epoch: the gradient left at the end is not the step's first one."""
     with pytest.raises(ValueError, match="epochs=2: one_step reads the step's first gradient"):
         one_step("lab", [*FP8, "epochs=2"])
 
@@ -49,7 +49,7 @@ def test_more_than_one_epoch_is_refused():
 def test_a_hook_changes_what_is_trained_on_and_the_originals_come_back():
     import aisrl.trainer as trainer
 
-    before = trainer.correct, trainer._update, trainer.evaluate
+    before = trainer.correct, trainer.policy_update, trainer.evaluate
     seen = []
 
     def zero(name, old_logp, rollout_logp, mask, res):
@@ -58,7 +58,7 @@ def test_a_hook_changes_what_is_trained_on_and_the_originals_come_back():
 
     _, g = one_step("lab", [*FP8, "correction.name=tis"], hook=zero)
     assert seen == ["tis"] and g.abs().max() == 0  # weights 0 on every token: nothing to learn from
-    assert (trainer.correct, trainer._update, trainer.evaluate) == before
+    assert (trainer.correct, trainer.policy_update, trainer.evaluate) == before
 
 
 def test_from_a_checkpoint_it_reproduces_the_runs_next_step(tmp_path):

@@ -384,9 +384,9 @@ def test_with_error_masking_a_calibration_judges_each_candidate_on_the_tokens_it
     monkeypatch.setattr(trainer, "error_tokens",
                         lambda ids, mask, ratio: completions.append(mask) or mask & (mask.cumsum(-1) <= 2))
     judged, trained = [], []
-    real_acc, real_update = trainer.accumulate_gradient, trainer._update
+    real_acc, real_update = trainer.accumulate_gradient, trainer.policy_update
     monkeypatch.setattr(trainer, "accumulate_gradient", lambda *a: judged.append(a[6].mask.clone()) or real_acc(*a))
-    monkeypatch.setattr(trainer, "_update", lambda *a: trained.append(a[7].mask.clone()) or real_update(*a))
+    monkeypatch.setattr(trainer, "policy_update", lambda *a: trained.append(a[7].mask.clone()) or real_update(*a))
     out = tmp_path / "run"
     train(load_config("lab", [*TINY_LAB, "max_steps=1", f"output_dir={out}", "rollout.quant=fp8_e4m3_w8a8",
                               "correction.calibrate_every=1", "correction.candidates=[tis,seq_tis]",

@@ -538,7 +538,7 @@ def test_a_jump_after_a_step_that_updated_nothing_rebases_instead_of_undoing(tmp
     from aisrl.correction import restrict
 
     monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
-    real_correct, real_update, steps = trainer.correct, trainer._update, []
+    real_correct, real_update, steps = trainer.correct, trainer.policy_update, []
 
     def spike_at_step_7(name, old, roll, mask, **kw):
         res = real_correct(name, old, roll, mask, **kw)
@@ -552,7 +552,7 @@ def test_a_jump_after_a_step_that_updated_nothing_rebases_instead_of_undoing(tmp
         return real_update(cfg, model, ref, opt, r, old_logp, adv, res, *rest)
 
     monkeypatch.setattr(trainer, "correct", spike_at_step_7)
-    monkeypatch.setattr(trainer, "_update", nothing_at_step_6)
+    monkeypatch.setattr(trainer, "policy_update", nothing_at_step_6)
     cfg = load_config("lab", [*TINY, "rollout.quant=fp8_e4m3_w8a8", "correction.guard=4", "max_steps=7",
                               f"output_dir={tmp_path}"])  # fmt: skip
     train(cfg, log=lambda _: None)
@@ -741,7 +741,7 @@ def test_a_second_trainer_in_a_run_folder_is_refused_while_the_first_holds_it(tm
     first.close()
     closed, close = [], aisrl.tracking.Tracker.close
     with monkeypatch.context() as m:
-        m.setattr("aisrl.trainer._update", lambda *a: 1 / 0)  # a run that fails part-way ...
+        m.setattr("aisrl.trainer.policy_update", lambda *a: 1 / 0)  # a run that fails part-way ...
         m.setattr("aisrl.tracking.Tracker.close", lambda self: closed.append(self) or close(self))
         with pytest.raises(ZeroDivisionError):
             train(load_config("lab", [*TINY, "max_steps=1", f"output_dir={out}"]), log=lambda _: None)

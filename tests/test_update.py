@@ -20,7 +20,7 @@ def test_grad_norm_is_the_mean_over_epochs_like_the_other_metrics(monkeypatch):
     cfg = SimpleNamespace(epochs=2, grad_clip=100.0)
     res = SimpleNamespace(mask=torch.ones(1, 3, dtype=torch.bool))
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    acc = up._update(cfg, model, None, opt, None, None, None, res, None, None)
+    acc = up.policy_update(cfg, model, None, opt, None, None, None, res, None, None)
     assert acc["grad_norm"] == pytest.approx(3.0) and acc["loss"] == pytest.approx(2.0)
     assert acc["update_skipped"] == 0.0
 
@@ -37,7 +37,8 @@ def test_update_seconds_add_up_over_epochs_and_metrics_average(monkeypatch):
     monkeypatch.setattr(up, "accumulate_gradient", one_epoch)
     cfg = SimpleNamespace(epochs=3, grad_clip=1.0)
     res = SimpleNamespace(mask=torch.ones(1, 3, dtype=torch.bool))
-    acc = up._update(cfg, model, None, torch.optim.SGD(model.parameters(), lr=0.1), None, None, None, res, None, None)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    acc = up.policy_update(cfg, model, None, sgd, None, None, None, res, None, None)
     assert len(calls) == 3 and acc["loss"] == pytest.approx(2.0)  # metrics: means over epochs (not the last's 3)
     assert acc["time_forward"] == pytest.approx(1.5) and acc["time_backward"] == pytest.approx(4.5)  # seconds: sums
     assert 0.0 < acc["time_optimizer"] < 5.0
@@ -68,10 +69,12 @@ def test_a_non_finite_gradient_takes_no_step(monkeypatch, clip):
     before = model.weight.detach().clone()
     res = SimpleNamespace(mask=torch.ones(1, 3, dtype=torch.bool))
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    acc = up._update(SimpleNamespace(epochs=1, grad_clip=clip), model, None, opt, None, None, None, res, None, None)
+    acc = up.policy_update(SimpleNamespace(epochs=1, grad_clip=clip), model, None, opt, None, None, None, res, None,
+                           None)  # fmt: skip
     assert acc["update_skipped"] == 1.0 and acc["grad_norm"] == float("inf")
     assert torch.equal(model.weight.detach(), before) and not opt.state  # no step: Adam holds no moments either
-    acc = up._update(SimpleNamespace(epochs=1, grad_clip=clip), model, None, opt, None, None, None, res, None, None)
+    acc = up.policy_update(SimpleNamespace(epochs=1, grad_clip=clip), model, None, opt, None, None, None, res, None,
+                           None)  # fmt: skip
     assert acc["update_skipped"] == 0.0 and torch.isfinite(model.weight).all() and not model.weight.equal(before)
 
 
@@ -98,8 +101,8 @@ def test_a_step_with_every_token_rejected_is_skipped_whole_at_any_epoch_count(mo
     nothing = SimpleNamespace(mask=torch.zeros(1, 3, dtype=torch.bool))
     for epochs in (1, 3, 6, 7, 10):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        acc = up._update(SimpleNamespace(epochs=epochs, grad_clip=1.0), model, None, opt, None, None, None, nothing,
-                         None, None)  # fmt: skip
+        acc = up.policy_update(SimpleNamespace(epochs=epochs, grad_clip=1.0), model, None, opt, None, None, None,
+                               nothing, None, None)  # fmt: skip
         assert acc["update_skipped"] == 1.0, epochs
 
 

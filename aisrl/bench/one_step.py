@@ -37,7 +37,7 @@ def one_step(base: str, overrides: list[str], *, start: tuple[str | Path, int] |
     is then step + 1, with the run's own prompts for it (its sampling seeds move with `sample_salt`).
     hook: called with each correction's inputs and result; what it returns is trained on (to split a gradient).
     """
-    correct, update, evaluate = trainer.correct, trainer._update, trainer.evaluate
+    correct, update, evaluate = trainer.correct, trainer.policy_update, trainer.evaluate
     grads: list[torch.Tensor] = []
 
     def hooked(name, old_logp, rollout_logp, mask, **kw):
@@ -49,7 +49,7 @@ def one_step(base: str, overrides: list[str], *, start: tuple[str | Path, int] |
         grads.append(flat_grad(model))
         return out
 
-    trainer.correct, trainer._update, trainer.evaluate = hooked, capture, lambda *a, **k: 0.0
+    trainer.correct, trainer.policy_update, trainer.evaluate = hooked, capture, lambda *a, **k: 0.0
     try:
         with tempfile.TemporaryDirectory() as tmp:
             run = Path(tmp) / "run"
@@ -62,9 +62,9 @@ def one_step(base: str, overrides: list[str], *, start: tuple[str | Path, int] |
             cfg = load_config(base, [*overrides, f"max_steps={step}", *off, f"output_dir={run}"])
             if cfg.epochs != 1:  # the gradient read after the update would be the last epoch's, past a step
                 raise ValueError(f"epochs={cfg.epochs}: one_step reads the step's first gradient, which is the one "
-                                 "_update leaves only with epochs=1; set epochs=1")  # fmt: skip
+                                 "policy_update leaves only with epochs=1; set epochs=1")  # fmt: skip
             trainer.train(cfg, log=lambda _: None)
             (row,) = [r for r in run_rows(run) if r["step"] == step]
     finally:
-        trainer.correct, trainer._update, trainer.evaluate = correct, update, evaluate
+        trainer.correct, trainer.policy_update, trainer.evaluate = correct, update, evaluate
     return row, grads[-1]
