@@ -9,8 +9,8 @@ is a Monte Carlo estimate under mu:
   which is exactly the variance inflation of an importance-weighted mean.
 - ESS/N = (sum W)^2 / (N sum W^2) (Kong 1992), computed in log space with a max-shift.
 - ppl of each side = exp(-token-mean log-prob) over the batch; their ratio equals exp(k1) while no log-ratio reaches
-  the +-20 clamp of `kl` (a rollout log-prob of -inf is floored at -1e4 for the perplexities instead). verl's and
-  TRL's mismatch metrics average per-sequence perplexities instead, so the two differ on varied lengths.
+  the +-20 clamp of `kl` (a rollout log-prob of -inf is floored at -1e4 for the perplexities instead). verl's
+  rollout-correction metrics average per-sequence perplexities instead, so the two differ on varied lengths.
 
 Robustness rules, applied once in `prepare` so every correction shares them: masked positions may hold anything
 (NaN, -inf) and never reach a statistic; a counted token whose log-ratio is NaN, whose trainer log-prob is not
