@@ -458,3 +458,22 @@ def test_edges_of_the_rules_by_hand(tmp_path):
     path.write_text(json.dumps({"question": "q", "answer": "work\n#### 72"}) + "\n   \n"
                     + json.dumps({"question": "r", "answer": "5"}) + "\n")  # fmt: skip
     assert [p.answer for p in JsonlMath(str(path)).rows] == ["72", "5"]
+
+
+def test_a_dataset_question_is_one_problem_whatever_its_spacing(tmp_path):
+    # a copy of a question with other spacing is the same problem: kept once, refused with another answer, and in
+    # the split its single-spaced text falls in (before: its exact text was hashed, so copies could land in both)
+    plain = [{"question": f"How many apples are in basket {i}?", "answer": str(i)} for i in range(40)]
+    spaced = [{"question": f"  How many\napples  are in\tbasket {i}? ", "answer": str(i)} for i in range(40)]
+    for name, rows in (("plain", plain), ("spaced", spaced), ("both", plain + spaced)):
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    sets = {name: JsonlMath(str(tmp_path / f"{name}.jsonl")) for name in ("plain", "spaced", "both")}
+    assert len(sets["both"].rows) == 40 and sets["both"].rows[0].question == plain[0]["question"]  # the first copy
+    held = [sorted(" ".join(p.question.split()) for p in t.problems("test", 40)) for t in sets.values()]
+    assert held[0] == held[1] == held[2] and 0 < len(held[0]) < 40
+    expected = sorted(r["question"] for r in plain if _split_of(r["question"]) == "test")  # by the plain text
+    assert held[0] == expected
+    clash = [plain[0], {**spaced[0], "answer": "7"}]
+    (tmp_path / "clash.jsonl").write_text("\n".join(json.dumps(r) for r in clash))
+    with pytest.raises(ValueError, match=r"rows 1 and 2 ask the same question with different answers \('0', '7'\)"):
+        JsonlMath(str(tmp_path / "clash.jsonl"))

@@ -104,13 +104,14 @@ class JsonlMath(Task):
                 raise ValueError(f"{path}: row {i + 1} has an empty question or answer (after any '####'), which "
                                  f"any output would match or none could; fix or drop the row")  # fmt: skip
             problem = Problem(str(question), ans, str(answer), {})
-            if problem.question in seen:  # one problem once: `problems` promises distinct problems
-                first, first_ans = seen[problem.question]
+            key = _question_key(problem.question)  # one problem once: `problems` promises distinct problems
+            if key in seen:
+                first, first_ans = seen[key]
                 if first_ans != ans:
                     raise ValueError(f"{path}: rows {first} and {i + 1} ask the same question with different answers "
                                      f"({first_ans!r}, {ans!r}); keep one")  # fmt: skip
                 continue
-            seen[problem.question] = (i + 1, ans)
+            seen[key] = (i + 1, ans)
             self.rows.append(problem)
         if not self.rows:
             raise ValueError(f"{path} holds no problems; give a dataset with 'question' and 'answer' rows")
@@ -119,10 +120,11 @@ class JsonlMath(Task):
         """Up to n distinct problems of `split`: a file holds what it holds (the trainer says when it is fewer)."""
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        pool = [p for p in self.rows if _split_of(p.question) == split]
+        pool = [p for p in self.rows if _split_of(_question_key(p.question)) == split]
         random.Random(seed).shuffle(pool)
         return pool[:n]
 
+    problems_version = 2  # 2: a question's split and identity ignore its spacing
     scorer_version = 3  # 2: `**18**`, `€18`, `18 (apples)`, `\\[18\\]`, `Yes.` count; `isn't 18`, `19 = 18` do not;
     # 3: `\\(2\\) and \\(3\\)` is two values, not 2
 
@@ -152,6 +154,12 @@ class JsonlMath(Task):
         limit = 5 if threading.current_thread() is threading.main_thread() else None
         gold, got = (parse(f"${_unwrapped(s)}$", parsing_timeout=limit) for s in (problem.answer, answer))
         return bool(gold and got and verify(gold, got, timeout_seconds=limit))
+
+
+def _question_key(question: str) -> str:
+    """What identifies a dataset question: its words, whatever whitespace separates them, so that a copy of a
+    question with other spacing or line breaks is the same problem (kept once, and in one split only)."""
+    return " ".join(question.split())
 
 
 def _unwrapped(math: str) -> str:
