@@ -180,12 +180,22 @@ _EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 """A float YAML 1.1 reads as text (no dot before the exponent, or no sign after it): `1e-4`, `5e3`."""
 
 
+def _free_floats(value):
+    """A free value (an item of task_options, say) with each string written as an exponent made a float, however
+    deep in mappings and lists: YAML 1.1 leaves `1e-5` text at any depth, where the command line gives a float."""
+    if isinstance(value, dict):
+        return {k: _free_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_free_floats(v) for v in value]
+    return float(value) if isinstance(value, str) and _EXPONENT.fullmatch(value) else value
+
+
 def _float_text(value, typ):
     """`value` with each string that spells a float made one where `typ` takes floats but not strings (YAML 1.1
     reads `1e-4` as text), inside lists and tuples too; in a mapping of free values (task_options, say), each
     value written as such an exponent."""
     if isinstance(value, dict) and (typing.get_origin(typ) or typ) is dict:
-        return {k: float(v) if isinstance(v, str) and _EXPONENT.fullmatch(v) else v for k, v in value.items()}
+        return _free_floats(value)
     options = typing.get_args(typ) if typing.get_origin(typ) in (typing.Union, types.UnionType) else (typ,)
     if isinstance(value, (list, tuple)):
         for opt in options:

@@ -143,7 +143,8 @@ def _check_rollout(cfg: TrainConfig) -> None:
                          "correction.bypass=false")  # fmt: skip
     per_step = cfg.prompts_per_step * max(cfg.group_size, cfg.rollout.pool)
     if per_step > 4096:  # aisrl.trainer seeds row i of a step with stream * 4096 + i
-        raise ValueError(f"prompts_per_step x {'rollout.pool' if cfg.rollout.pool else 'group_size'} = {per_step} "
+        raise ValueError(f"prompts_per_step x {'rollout.pool' if cfg.rollout.pool > cfg.group_size else 'group_size'} "
+                         f"= {per_step} "
                          "samples a step; the sampling seeds of a step are distinct from the next step's for up to "
                          "4096: lower one of them")  # fmt: skip
     if cfg.rollout.pool and cfg.rollout.pool <= cfg.group_size:

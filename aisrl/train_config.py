@@ -244,6 +244,8 @@ def _read_preset(path: Path):
                 if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden here
                     continue
                 key = self.construct_object(key_node, deep=True)
+                if isinstance(key, (list, dict, set)):  # `[a, b]: 1` or `{a: 1}: 2`, which no config key is
+                    raise ValueError(f"{path}: a key must be a name, got {key!r} (line {key_node.start_mark.line + 1})")
                 if key in seen:
                     raise ValueError(f"{path}: key {key!r} is given twice (line {key_node.start_mark.line + 1}); "
                                      "keep one")  # fmt: skip

@@ -236,3 +236,67 @@ def test_a_yaml_nan_is_refused_as_on_the_command_line(tmp_path):
         load_config("lab", ["kl_coef=1" + "0" * 400])  # an integer past float's range (before: OverflowError)
     preset.write_text("lr: 1e-3\n")  # YAML 1.1 leaves this a string: still read as the number
     assert load_config(str(preset), []).lr == 1e-3
+
+
+@dataclass
+class Wide:
+    """Field types the shipped configs use beyond Cfg's (each checked by a case below that a plausible slip in
+    aisrl.config passed: found by mutation testing)."""
+
+    seed: int = 0
+    steps: list[float] = field(default_factory=lambda: [0.1])
+    flag: bool = False
+    opt: float | None = None
+    label: str | None = "x"
+    methods: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    extra: dict[str, typing.Any] = field(default_factory=dict)
+    either: str | float = ""
+    inner: Inner = field(default_factory=Inner)
+
+
+def test_override_text_is_read_as_a_user_would_write_it():
+    cfg = apply_overrides(Wide(), ["flag=TRUE", "steps=(1, 2.5)", "seed= 3", "inner.name= tis ", "seeds=[-2,...,1]",
+                                   "opt=null", "label=null"])  # fmt: skip
+    assert cfg.flag is True and cfg.steps == [1.0, 2.5] and cfg.seed == 3 and cfg.inner.name == "tis"
+    assert cfg.seeds == [-2, -1, 0, 1] and cfg.opt is None and cfg.label is None
+    assert apply_overrides(Wide(), ["label=1"]).label == "1"  # an optional text stays text
+    assert apply_overrides(Wide(), ["inner.name='"]).inner.name == "'"  # one quote is no quoted string
+    for item, message in [("inner.cap=true", "config key 'inner.cap' expects float, got True"),
+                          ("seed=true", "config key 'seed' expects int, got True"),
+                          ("methods=[a], [b]", "unclosed or unbalanced"),
+                          ("methods=[a, 'b]", r"config key 'methods': \[a, 'b\] has an unclosed")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            apply_overrides(Wide(), [item])
+
+
+def test_mappings_read_exponents_where_a_float_goes_and_name_a_bad_section():
+    from aisrl.train_config import TrainConfig
+
+    assert apply_mapping(Wide(), {"extra": {"t": "1E-3"}}).extra == {"t": 0.001}
+    assert apply_mapping(Wide(), {"extra": {"t": {"u": "1e-5"}, "v": ["1e-3", "x"]}}).extra == {
+        "t": {"u": 1e-5}, "v": [0.001, "x"]}  # fmt: skip  (before: text below the first level)
+    assert apply_mapping(Wide(), {"either": "1e-3"}).either == "1e-3"  # text is one of its types: kept
+    with pytest.raises(ValueError, match=r"config section 'rollout' must be a mapping, got \[1\]"):
+        apply_mapping(TrainConfig(), {"rollout": [1]})
+
+
+def test_option_checks_and_field_docs_by_hand():
+    from aisrl.config import check_like_default
+    from aisrl.train_config import TrainConfig
+
+    check_like_default("task", "floor", 1, 0.5)  # an int passes for a float
+    with pytest.raises(ValueError, match=r"task option 'flag' expects bool \(default False\), got 1"):
+        check_like_default("task", "flag", 1, False)
+    doc = field_docs(TrainConfig)["model.name"][1]
+    assert "repository id already" in doc and "\n" not in doc  # a docstring's lines joined
+
+    @dataclass
+    class Mid:
+        inner: Inner = field(default_factory=Inner)
+
+    @dataclass
+    class Outer:
+        mid: Mid = field(default_factory=Mid)
+
+    assert list(field_docs(Outer)) == ["mid.inner.cap", "mid.inner.name"]
