@@ -43,3 +43,11 @@ def loud_pad(model, pad_id: int = 0):
         k_proj = model.model.layers[0].self_attn.k_proj.weight  # (Hk * D, hidden)
         k_proj[:, 0] = 30 * k_proj.abs().max()
     return model
+
+
+def write_run(path, rows):
+    """A run folder holding `rows` as its metrics.jsonl, as a training run writes them."""
+    import json
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

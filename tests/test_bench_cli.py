@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import load_benchmark
 
-from aisrl.bench.cli import command, number, numbers, options, subcommand
+from aisrl.bench.cli import command, flag, number, numbers, options, subcommand
 
 BENCH = Path(__file__).parent.parent / "benchmarks"
 
@@ -199,3 +199,21 @@ def test_a_choice_and_a_folder_that_are_not_there_are_named(tmp_path):
         study_folders([tmp_path, tmp_path / "nowhere"])
     with pytest.raises(SystemExit, match=r"no such folder: \[\]"):
         study_folders([])
+
+
+# Found by mutation testing: each case below failed a plausible slip that the tests above let pass.
+
+def test_flags():
+    assert flag({"x": "yes"}, "x", False) is True and flag({"x": "TRUE"}, "x", False) is True
+
+
+def test_minus_infinity_is_refused():
+    with pytest.raises(SystemExit, match="give a finite number"):
+        number({"lr": "-inf"}, "lr", None, float)
+
+
+def test_the_default_list_is_a_copy():
+    default = [7]
+    got = numbers({}, "seeds", default)
+    got.append(8)
+    assert default == [7] and numbers({}, "seeds", (1, 2)) == [1, 2]

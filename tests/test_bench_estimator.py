@@ -14,10 +14,14 @@ from aisrl.bench.estimator import (
     _bias_variance,
     _instance,
     _oracle_at_horizon,
+    check,
     horizon_markdown,
+    markdown,
     run,
     run_point,
+    summarize,
 )
+from aisrl.bench.variants import VARIANTS
 from aisrl.config import apply_overrides
 
 
@@ -264,3 +268,125 @@ def test_the_variant_formulas_agree_with_ais_below_its_no_mismatch_cut_off():
     # at L = 4 (t / n) the adopted formula is `design`; at or below S = 1e-8 both are 0 (before: design ~0.985)
     assert alpha("design", 5e-9) == alpha("adopted", 5e-9) == alpha("c4", 5e-9) == 0.0
     assert alpha("design", 1e-4) == pytest.approx(alpha("adopted", 1e-4)) and alpha("design", 1e-4) > 0.9
+
+
+# Found by mutation testing: each case below failed a plausible slip that the tests above let pass.
+
+def test_on_policy_none_is_unbiased_and_seq_ess_is_1():
+    cfg = EstimatorBenchConfig(vocab=3, length=3, batches=400, groups=4, group_size=4, methods=["none", "tis"],
+                               variants=[])
+    _, diag = run_point(cfg, TabularPolicy(3, 3), 1.0, 0.0, torch.Generator().manual_seed(0))
+    assert abs(diag["bias2:none"]) / diag["grad_norm2"] < 0.03  # leave-one-out baseline: unbiased (was 1/9 off)
+    assert diag["seq_ess"] == pytest.approx(1.0)  # mu = pi: every weight 1, ESS/N = 1
+
+
+def test_oracle_alpha_stays_in_0_1():
+    cfg = EstimatorBenchConfig(vocab=3, length=3, batches=20, groups=2, group_size=2, methods=["none", "tis"],
+                               variants=[])
+    alphas = [run_point(cfg, TabularPolicy(3, 3), 1.0, 0.05, torch.Generator().manual_seed(s))[1]["oracle_alpha"]
+              for s in range(10)]
+    assert all(0.0 <= a <= 1.0 for a in alphas)
+
+
+def _point():
+    return {"sharpness": 1.0, "strength": 0.3, "k3_kl": 0.01, "seq_ess": 0.9, "oracle_alpha": 0.5,
+            "ais_alpha_mean": 0.4, "mse": {"none": 2.0, "tis": 1.0, "ais": 1.5, "oracle": 0.5},
+            "bias2:none": 0.1, "var:none": 1.0, "bias2:tis": 0.0, "var:tis": 3.0, "oracle@10": 0.15}
+
+
+def test_summary_ratios():
+    p2 = _point() | {"mse": {"none": 2.0, "tis": 1.0, "ais": 0.5, "oracle": 0.5}}
+    s = summarize([_point(), p2])
+    assert s["ais"]["over_oracle_mean"] == pytest.approx((3.0 + 1.0) / 2)
+    assert s["ais"]["over_best_fixed_max"] == pytest.approx(1.5)  # 1.5 / min(2, 1)
+
+
+def test_markdown_table():
+    result = {"points": [_point()]}
+    result["summary"] = summarize(result["points"])
+    table = markdown(result)
+    lines = table.splitlines()
+    assert lines[1] == "|" + "---|" * 10  # 4 fixed + 4 estimators + 2 alpha columns
+    assert "**1.0000**" in table and "**0.5000**" not in table  # the oracle is not an estimator to bold
+    assert "\n| oracle |" not in table  # the summary table has no oracle row
+
+
+def test_horizon_table():
+    text = horizon_markdown({"points": [_point()], "config": {"horizons": [1, 10]}})
+    assert "| 1.0 | 0.3 | 0.900 | **0.2000** | 0.3000 | 0.1500 |" in text  # 0.1 + 1/10, 0 + 3/10
+
+
+def test_k3_estimates_the_per_token_kl_of_mu_from_pi():
+    cfg = EstimatorBenchConfig(vocab=3, length=3, batches=400, groups=4, group_size=4, methods=["none", "tis"],
+                               variants=[])
+    pol = TabularPolicy(3, 3)
+    _, lp, lm, _, _ = _instance(cfg, pol, 1.0, 0.5, torch.Generator().manual_seed(0))
+    kl = (lm.sum(-1).exp() * (lm - lp).sum(-1)).sum().item() / 3  # KL(mu || pi) per token
+    _, diag = run_point(cfg, pol, 1.0, 0.5, torch.Generator().manual_seed(0))
+    assert diag["k3_kl"] == pytest.approx(kl, rel=0.1)
+
+
+def test_checks():
+    with pytest.raises(ValueError, match="need 0 < reward_p < 1"):
+        run(EstimatorBenchConfig(reward_p=0.0))
+    check(EstimatorBenchConfig(vocab=2, length=20))  # 2^20 sequences: at the limit, allowed
+
+
+def test_reward_rate():
+    cfg = EstimatorBenchConfig()
+    reward = _instance(cfg, TabularPolicy(5, 4), 1.0, 0.2, torch.Generator().manual_seed(0))[3]
+    assert abs(reward.mean().item() - 0.3) < 0.07  # 625 Bernoulli(0.3): sd 0.018
+
+
+def test_batches_are_sampled_from_mu():
+    cfg = EstimatorBenchConfig(vocab=3, length=3, batches=400, groups=4, group_size=4)
+    d = TabularPolicy(3, 3).draw(cfg, 1.0, 1.0, torch.Generator().manual_seed(0))
+    w = (d.old.double() - d.roll.double()).sum(-1).exp()  # pi / mu: mean 1 under mu
+    assert w.mean().item() == pytest.approx(1.0, abs=0.05)
+
+
+def test_the_tis_end_point_uses_the_configured_cap():
+    cfg = EstimatorBenchConfig(vocab=3, length=3, batches=10, groups=2, group_size=4, cap=3.0,
+                               methods=["none", "tis", "ais"], variants=[])
+    run_point(cfg, TabularPolicy(3, 3), 1.0, 0.6, torch.Generator().manual_seed(0))  # (its end-point assert)
+
+
+def test_variants_get_the_diagnostics_in_order():
+    # at L = 4 (num_tokens / num_seqs) `design` is the adopted formula: its alpha is AIS's own, batch by batch
+    cfg = EstimatorBenchConfig(vocab=3, length=4, batches=10, groups=2, group_size=4,
+                               methods=["none", "tis", "ais"], variants=["adopted", "design"])
+    _, diag = run_point(cfg, TabularPolicy(3, 4), 1.0, 0.05, torch.Generator().manual_seed(0))
+    assert 0.05 < diag["ais_alpha_mean"] < 0.95
+    assert diag["alpha:adopted"] == pytest.approx(diag["ais_alpha_mean"], rel=1e-4)
+    assert diag["alpha:design"] == pytest.approx(diag["ais_alpha_mean"], rel=1e-4)
+
+
+def test_oracle_at_h_is_pooled_like_the_mse():
+    cfg = EstimatorBenchConfig(vocab=3, length=6, groups=2, group_size=4, batches=10, instances=1, strengths=[0.3],
+                               sharpness=[1.0], policy="markov", horizons=[1, 10], methods=["none", "tis", "ais"],
+                               variants=["c4"])
+    p = run(cfg)["points"][0]
+    _, d = run_point(cfg, MarkovPolicy(3, 6), 1.0, 0.3, torch.Generator().manual_seed(0))  # run's one instance
+    assert p["oracle@10"] == pytest.approx(d["oracle@10"] / d["grad_norm2"])
+
+
+def test_a_concave_horizon_quadratic_takes_its_best_end_point():
+    d0 = torch.tensor([[-1.0], [1.0]], dtype=torch.float64)
+    d01 = torch.tensor([[1.0], [-1.0]], dtype=torch.float64)
+    # e0 = e1 = 0, v00 = v11 = 2, v01 = -2, c = 1/h - 1/2: f(0) = 2c, f(1) = 8c < f(0)
+    assert _oracle_at_horizon(d0, d01, 10**6) == pytest.approx(8 * (1e-6 - 0.5))
+
+
+# Found by mutation testing: each case below failed a plausible slip that the tests above let pass.
+
+def alpha(name, s, rho=1.0, n=64.0):
+    t = lambda x: torch.tensor([x], dtype=torch.float64)  # noqa: E731
+    return VARIANTS[name](t(rho), t(s), t(1 + 2 * s), t(n), t(4 * n)).item()
+
+
+def test_variant_formulas_by_hand():
+    assert alpha("c4", 1e-3) == pytest.approx(16 / 17)  # var = 2S / (64 / 4)
+    assert alpha("sqrt_n", 1e-3) == pytest.approx(8 / 9)  # var = 2S / sqrt(64)
+    assert alpha("no_rho", 1e-3, rho=0.5) == pytest.approx(64 / 65)  # rho left out
+    assert alpha("design", 7.5e-9) == 0.0  # 2S = 1.5e-8 <= 2 * SEVERITY_EPS
+    assert alpha("half", 1e-3) == 0.5

@@ -1,8 +1,12 @@
 """aisrl.bench.report.update_section: a benchmark rewrites its own block of BENCHMARKS.md and nothing else."""
 
+import json
+import math
+
 import pytest
 
-from aisrl.bench.report import update_section
+from aisrl.bench import report
+from aisrl.bench.report import machine_line, settings_tag, staged_json, update_section, write_json
 
 
 def test_a_section_is_replaced_in_place_and_other_text_is_kept(tmp_path):
@@ -120,3 +124,58 @@ def test_a_run_summary_leaves_a_non_finite_row_out_of_its_means():
     rows = [{"step": s, "reward": 0.5, "accuracy": 0.5, "k3_kl": math.nan if s == 3 else 0.1, "alpha": 0.9}
             for s in range(1, 11)]  # fmt: skip
     assert summarize(rows)["mean_k3_kl"] == pytest.approx(0.1)
+
+
+# Found by mutation testing: each case below failed a plausible slip that the tests above let pass.
+
+def test_tuples_are_cleaned_too(tmp_path):
+    write_json(tmp_path / "r.json", {"t": (1.0, math.nan)})
+    assert json.loads((tmp_path / "r.json").read_text()) == {"t": [1.0, None]}
+
+
+def test_a_stale_partial_is_removed_at_the_start(tmp_path):
+    path = tmp_path / "r.json"
+    (tmp_path / "r.json.partial").write_text('{"v": "stale"}')
+    with staged_json(path):
+        pass
+    assert not (tmp_path / "r.json.partial").exists()
+
+
+def test_machine_line():
+    m = {"cuda": None, "cpu": "Intel X", "processor": "x86_64", "cpus": 16, "torch_threads": 8, "torch": "2.5"}
+    assert machine_line(m) == "Intel X, 16 CPUs, torch 2.5"
+
+
+def test_settings_tag_is_order_independent():
+    assert settings_tag({"a": 1, "b": 2}, []) == settings_tag({"b": 2, "a": 1}, [])
+
+
+def test_a_section_repeated_whole_is_refused(tmp_path):
+    doc = tmp_path / "B.md"
+    text = "<!-- BEGIN a -->\nx\n<!-- END a -->\n\n<!-- BEGIN a -->\ny\n<!-- END a -->\n"
+    doc.write_text(text)
+    with pytest.raises(ValueError, match="unpaired, repeated"):
+        update_section(doc, "a", "z")
+    assert doc.read_text() == text
+
+
+def test_trailing_newlines_of_the_body_are_dropped(tmp_path):
+    doc = tmp_path / "B.md"
+    doc.write_text("# B\n")
+    update_section(doc, "a", "x\n\n")
+    assert doc.read_text() == "# B\n\n<!-- BEGIN a -->\nx\n<!-- END a -->\n"
+
+
+def test_interleaving_with_a_hyphenated_section_is_refused(tmp_path):
+    doc = tmp_path / "B.md"
+    text = "<!-- BEGIN a -->\n1\n<!-- BEGIN b-2 -->\n2\n<!-- END a -->\n3\n<!-- END b-2 -->\n"
+    doc.write_text(text)
+    with pytest.raises(ValueError, match="interleaved"):
+        update_section(doc, "a", "y")
+
+
+def test_the_section_file_is_replaced_atomically(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(report, "atomic_write_text", lambda p, t: calls.append(p))
+    update_section(tmp_path / "B.md", "a", "x")
+    assert calls == [tmp_path / "B.md"] and not (tmp_path / "B.md").exists()

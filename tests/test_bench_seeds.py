@@ -1,10 +1,13 @@
 """aisrl.bench.seeds: the two-way demeaning removes additive method and seed effects exactly (also on an unbalanced
 table), and the correlation and its permutation p-value behave as a Pearson correlation should."""
 
+import json
+import math
 import random
 
 import pytest
 import torch
+from conftest import write_run
 
 from aisrl.bench import seeds
 
@@ -58,3 +61,45 @@ def test_summary_counts_ties_and_gives_an_exact_sign_test():
     assert s["sign_p"] == pytest.approx(2 * (1 + 4) / 16)  # 3 up, 1 down: P(X <= 1 | n=4) = 5/16, two-sided
     assert seeds.sign_test(6, 13) == pytest.approx(0.1671, abs=1e-4)  # 6 of 19 untied, as quoted in docs/ais.md
     assert seeds.sign_test(0, 0) is None and seeds.sign_test(5, 0) == pytest.approx(2 / 32)
+
+
+# Found by mutation testing: each case below failed a plausible slip that the tests above let pass.
+
+def test_last_fifth_window():
+    rows = [{"step": s, "reward": float(s)} for s in range(1, 21)]
+    assert seeds.last_fifth_reward(rows, 20) == 18.5  # steps 17-20 (20 // 5 = 4), not 16-20
+    assert seeds.last_fifth_reward(rows[:3], 3) == 3.0  # under 5 steps: the last step alone, not all three
+
+
+def test_final_score_read_at_its_step_only(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    write_run(run, [{"step": s, "reward": 0.5} for s in range(1, 11)])
+    monkeypatch.setattr(seeds, "current", lambda s: True)
+    monkeypatch.setattr(seeds, "scores_of", lambda s, ckpt: True)
+    (run / "final_eval.json").write_text(json.dumps({"settings": {"checkpoint": "step_000010"}, "held_accuracy": 0.7}))
+    assert seeds.score(run, 10, "held_accuracy") == 0.7
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "latest").write_text("step_000012\n")
+    assert seeds.score(run, 10, "held_accuracy") is None  # the run went on after it was scored
+
+
+def test_a_seed_is_never_refilled_from_a_later_folder(tmp_path):
+    write_run(tmp_path / "a" / "reference" / "seed0", [{"step": 1, "reward": 0.4}])
+    write_run(tmp_path / "b" / "reference" / "seed0", [{"step": 1, "reward": 0.9}])
+    assert seeds.collect([tmp_path / "a", tmp_path / "b"], "reference", 1) == {0: 0.4}
+
+
+def test_summary_statistics():
+    assert seeds.sign_test(3, 3) == 1.0
+    s = seeds.summary([1.0, 3.0])
+    assert s["std"] == pytest.approx(2**0.5) and s["se"] == pytest.approx(1.0)
+    assert seeds.summary([0.0, 0.0, 3.0])["mean"] == 1.0
+
+
+def test_permutation_p():
+    c = seeds.correlation({1: 0.0, 2: 1.0}, {1: 0.0, 2: 2.0}, permutations=9)
+    assert c["p"] == 1.0  # every pairing of two points has |r| = 1: (9 + 1) / (9 + 1)
+    neg = seeds.correlation({i: float(i) for i in range(6)}, {i: -float(i) for i in range(6)}, permutations=999)
+    assert neg["r"] == pytest.approx(-1.0) and neg["p"] < 0.05  # two-sided: a perfect negative r is significant
+    c = seeds.correlation({1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4}, {1: 1.0, 2: math.nan, 3: 3.0, 4: 2.0}, permutations=99)
+    assert c["n"] == 3 and math.isfinite(c["r"])

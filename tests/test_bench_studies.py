@@ -7,14 +7,9 @@ import math
 from types import SimpleNamespace
 
 import pytest
-from conftest import load_benchmark
+from conftest import load_benchmark, write_run
 
 from aisrl.bench import seeds
-
-
-def write_run(path, rows):
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def test_scores_are_read_at_their_step_when_a_metrics_line_was_removed(tmp_path):
@@ -110,7 +105,6 @@ def test_checkpoint_mismatch_refuses_a_kind_without_runs_before_measuring_and_na
 
     shutil.rmtree(tmp_path / "s" / "q" / "ais")
     # a pair of one seed from different warm starts is refused before measuring (before: paired all the same)
-    import json
 
     write_run(tmp_path / "s" / "q" / "tis" / "seed0", [{"step": s, "reward": 0.5} for s in (1, 2)])
     (tmp_path / "s" / "reference" / "seed0" / "start.json").write_text(json.dumps({"weights": "aa"}))
