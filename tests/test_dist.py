@@ -10,13 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
+import aisrl
+
 HERE = Path(__file__).parent
 
 
 @pytest.mark.slow
 def test_torchrun_two_processes_match_single_process(tmp_path):
     out = tmp_path / "dist.json"
-    path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))  # keep the caller's (aisrl's)
+    # the workers import the aisrl this test imported (a checkout's, not an installed copy), then the caller's path
+    root = Path(aisrl.__file__).parents[1]
+    path = os.pathsep.join(filter(None, [str(root), str(HERE), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(HERE / "dist_worker.py"), str(out)]  # fmt: skip

@@ -2,6 +2,8 @@
 TRL's logs, the loss equal to TRL's own when nothing is corrected, and the weights TIS folds in."""
 
 import os
+import types
+from collections import Counter, defaultdict
 
 import pytest
 import torch
@@ -390,3 +392,95 @@ def test_a_batch_without_a_scored_token_leaves_the_alpha_ema_alone_and_penalties
     with pytest.warns(UserWarning, match="repetition_penalty.*every importance ratio is biased"):
         AISGRPOTrainer(model=model, correction="tis", rollout_func=unscored,
                        args=grpo_args(tmp_path, repetition_penalty=1.2), **kw)  # fmt: skip
+
+
+# Found by mutation testing: each case below failed a plausible slip that the tests above let pass.
+
+
+def _bare(name, options, training=True):
+    """An AISGRPOTrainer without TRL's __init__: just what _generate_and_score_completions reads."""
+    tr = object.__new__(AISGRPOTrainer)
+    tr._aisrl = {"name": name, "options": dict(options), "prev_alpha": None}
+    tr.model = types.SimpleNamespace(training=training)
+    tr._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    return tr
+
+
+def _run(monkeypatch, tr, out):
+    monkeypatch.setattr(trl.GRPOTrainer, "_generate_and_score_completions", lambda self, inputs: dict(out))
+    return tr._generate_and_score_completions(None)
+
+
+def test_a_veto_with_correction_none_drops_a_short_vetoed_sequence(monkeypatch):
+    # sequence 0: 2 tokens then padding, its first token's ratio exp(-1) = 0.37 < veto 0.8; sequence 1: ratios 1
+    old = torch.tensor([[-1.0, -1.0, 0.0], [-1.0, -1.0, -1.0]])
+    rollout = torch.tensor([[0.0, -1.0, 0.0], [-1.0, -1.0, -1.0]])
+    out = {"completion_mask": torch.tensor([[1, 1, 0], [1, 1, 1]]), "sampling_per_token_logps": rollout,
+           "old_per_token_logps": old, "advantages": torch.tensor([1.0, 2.0])}
+    res = _run(monkeypatch, _bare("none", {"veto": 0.8}), out)
+    assert torch.equal(res["advantages"], torch.tensor([0.0, 2.0]))  # the vetoed (short) sequence only
+
+
+def _ais_batch(shift):
+    old = torch.full((2, 4), -1.0)
+    rollout = old - torch.tensor([[0.5, -0.5, 0.2, -0.2], [0.1, 0.3, -0.4, 0.0]]) * shift
+    return {"completion_mask": torch.ones(2, 4, dtype=torch.long), "sampling_per_token_logps": rollout,
+            "old_per_token_logps": old, "advantages": torch.tensor([1.0, -1.0])}
+
+
+def test_evaluation_batches_leave_the_alpha_ema_alone(monkeypatch):
+    tr = _bare("ais", {"ema": 0.9}, training=False)
+    _run(monkeypatch, tr, _ais_batch(1.0))
+    assert tr._aisrl["prev_alpha"] is None  # an evaluation batch: the EMA state is untouched
+    tr.model.training = True
+    _run(monkeypatch, tr, _ais_batch(1.0))
+    assert tr._aisrl["prev_alpha"] == pytest.approx(tr._metrics["train"]["aisrl/alpha"][-1])
+
+
+def test_the_ais_ema_smooths_alpha_across_batches(monkeypatch):
+    tr = _bare("ais", {"ema": 0.9})
+    _run(monkeypatch, tr, _ais_batch(1.0))
+    _run(monkeypatch, tr, _ais_batch(3.0))
+    a1, a2 = tr._metrics["train"]["aisrl/alpha"]
+    b2 = tr._metrics["train"]["aisrl/alpha_batch"][-1]
+    assert b2 != pytest.approx(a1)
+    assert a2 == pytest.approx(0.9 * a1 + 0.1 * b2)
+
+
+def test_tool_tokens_get_no_advantage(monkeypatch):
+    old = torch.full((1, 3), -1.0)
+    out = {"completion_mask": torch.ones(1, 3, dtype=torch.long), "tool_mask": torch.tensor([[1, 0, 1]]),
+           "sampling_per_token_logps": old.clone(), "old_per_token_logps": old, "advantages": torch.tensor([1.0])}
+    res = _run(monkeypatch, _bare("tis", {"cap": 2.0}), out)
+    assert torch.equal(res["advantages"], torch.tensor([[1.0, 0.0, 1.0]]))  # weights 1, the tool token out
+
+
+def test_two_batches_of_one_step_draw_different_seeds(monkeypatch):
+    import aisrl.integrations.trl as at
+    seen, temps = [], []
+
+    def fake_generate(model, prompts, params, seeds, pad_id, eos_id):
+        seen.append(list(seeds))
+        temps.append(params.temperature)
+        n = len(prompts)
+        return types.SimpleNamespace(completion_mask=torch.ones(n, 1, dtype=torch.bool),
+                                     completion_ids=torch.full((n, 1), 5), rollout_logp=torch.full((n, 1), -0.5))
+
+    monkeypatch.setattr(at, "generate", fake_generate)
+    tr = _bare("ais", {})
+    tr._rollout, tr._synced_step, tr._generations = object(), 0, Counter()
+    tr.state = types.SimpleNamespace(global_step=0)
+    tr.args = types.SimpleNamespace(seed=42)
+    tr.accelerator = types.SimpleNamespace(process_index=0)
+    tr._tokenizer = types.SimpleNamespace(pad_token_id=0)
+    tr.eos_token_ids, tr.max_completion_length, tr.temperature = [2], 4, 0.7
+    for _ in range(2):  # steps_per_generation = 2: two generation batches at global_step 0
+        tr._generate_single_turn([[3, 4]], None, None, 1)
+    assert seen[0] != seen[1]
+    assert temps == [0.7, 0.7]  # the GRPOConfig temperature, which TRL's trainer log-probs apply
+
+
+def test_a_zero_completion_length_is_refused_for_a_rollout_copy():
+    from aisrl.integrations.trl import _check_rollout_copy_settings
+    with pytest.raises(ValueError, match="max_completion_length"):
+        _check_rollout_copy_settings(torch.nn.Linear(1, 1), types.SimpleNamespace(max_completion_length=0), {})

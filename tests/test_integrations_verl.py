@@ -6,6 +6,8 @@ without it (the weight checks need only torch). Run them in an environment with 
 pip install verl pytest && python -m pytest tests/test_integrations_verl.py
 """
 
+import math
+
 import pytest
 import torch
 
@@ -468,3 +470,70 @@ def test_with_verls_global_batch_counts_a_rejecting_loss_is_the_aisrl_loss_times
     assert torch.allclose(g, g_core * frac, atol=1e-6, rtol=1e-5)
     if frac < 1:
         assert not torch.allclose(total, core, atol=1e-6, rtol=1e-5)  # the relation has teeth: the two differ
+
+
+# Found by mutation testing: each case below failed a plausible slip that the tests above let pass.
+
+
+def _one(logp_minus_old, adv, cfg):
+    old = torch.tensor([[-1.0]])
+    logp = (old + logp_minus_old).requires_grad_(True)
+    return make_policy_loss("none")(old, logp, torch.tensor([[adv]]), torch.tensor([[True]]), "token-mean", cfg,
+                                    torch.ones(1, 1))
+
+
+def test_asymmetric_clip_range(stub_verl):
+    # ratio 1.25, A = +1, clip_ratio_low 0.2 / high 0.28: 1.25 lies inside [0.8, 1.28], so loss = -1.25 (unclipped)
+    loss, m = _one(math.log(1.25), 1.0, CFG)
+    assert loss.item() == pytest.approx(-1.25)
+    assert m["actor/pg_clipfrac"] == 0.0
+    # ratio 0.75, A = -1: below 1 - 0.2 = 0.8, so clipped at 0.8: -min(-0.75, -0.8) = 0.8
+    loss, m = _one(math.log(0.75), -1.0, CFG)
+    assert loss.item() == pytest.approx(0.8)
+    assert m["actor/pg_clipfrac"] == 1.0
+
+
+def test_dual_clip_default_is_3(stub_verl):
+    # no clip_ratio_c in the config: verl's default 3.0. ratio 5, A = -1: -min(-5, -1.2) = 5, dual clip min(5, 3) = 3
+    loss, m = _one(math.log(5.0), -1.0, {"clip_ratio": 0.2})
+    assert loss.item() == pytest.approx(3.0)
+    assert m["actor/pg_clipfrac_lower"] == 1.0
+
+
+def test_ppo_kl_and_clipfrac_lower_signs(stub_verl):
+    # ratio 1.25 (log 0.2231), A = +1: verl's ppo_kl = mean(old - logp) = -log 1.25; the dual clip is not active
+    loss, m = _one(math.log(1.25), 1.0, CFG)
+    assert m["actor/ppo_kl"] == pytest.approx(-math.log(1.25), rel=1e-5)
+    # ratio 1.5, A = +1: clipped at 1.28 (pg_clipfrac 1) but dual clip (only for A < 0) not: lower frac 0
+    loss, m = _one(math.log(1.5), 1.0, CFG)
+    assert m["actor/pg_clipfrac"] == 1.0 and m["actor/pg_clipfrac_lower"] == 0.0
+
+
+def test_one_token_responses_are_not_taken_for_sequence_weights():
+    w = torch.tensor([[1.1, 0.0], [0.9, 0.0]])
+    mask = torch.tensor([[True, False], [True, False]])
+    assert check_raw_weights(w, mask) is True  # no sequence has 2 tokens: nothing to call constant
+
+
+def test_two_constant_sequences_are_sequence_weights():
+    with pytest.raises(ValueError, match="constant within every sequence"):
+        check_raw_weights(torch.tensor([[1.1, 1.1], [0.9, 0.9]]), torch.ones(2, 2, dtype=torch.bool))
+
+
+def test_replays_without_old_logp_are_counted_once():
+    a = (torch.tensor([[1.5, 1.2]]), torch.ones(1, 2, dtype=torch.bool))
+    tally = {"top": -math.inf}
+    for b in (torch.tensor([[1.1, 1.05]]), torch.tensor([[1.3, 0.9]])):  # A, B, A, C, A: A's one top token, once
+        check_raw_weights(*a, tally)
+        check_raw_weights(b, a[1], tally)
+    assert check_raw_weights(*a, tally) is True
+
+
+def test_the_ais_ema_carries_alpha_across_different_micro_batches(stub_verl):
+    fn = make_policy_loss("ais", ema=0.9)
+    old, _, logp, adv, mask, w = batch(0)
+    _, first = fn(old, logp, adv, mask, "token-mean", CFG, w)
+    old, _, logp, adv, mask, w = batch(1)
+    _, second = fn(old, logp, adv, mask, "token-mean", CFG, w)
+    assert second["aisrl/alpha_batch"] != pytest.approx(first["aisrl/alpha"])  # different batches
+    assert second["aisrl/alpha"] == pytest.approx(0.9 * first["aisrl/alpha"] + 0.1 * second["aisrl/alpha_batch"])

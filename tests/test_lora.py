@@ -150,3 +150,16 @@ def test_a_target_whose_weight_is_tied_is_refused():
     with pytest.raises(ValueError, match=r"lora.targets \['gate_proj'\] name no module"):
         with_lora(load_config("lab", ["lora.r=2", "lora.targets=[q_proj,gate_proj]"]), no_gate())
     apply_lora(tiny_model(seed=0), r=2, alpha=4, targets=["lm_head"])  # an untied head may be adapted
+
+
+def test_merged_weight_is_w_plus_alpha_over_r_b_a():
+    base = tiny_model("tiny-llama")
+    w0 = base.model.layers[0].self_attn.q_proj.weight.detach().clone()
+    model = apply_lora(base, r=4, alpha=16, targets=["q_proj"])
+    layer = model.get_base_model().model.layers[0].self_attn.q_proj
+    with torch.no_grad():
+        layer.lora_A["default"].weight.fill_(1.0)  # (r, in)
+        layer.lora_B["default"].weight.fill_(1.0)  # (out, r)
+    merged = merged_state(model)["model.layers.0.self_attn.q_proj.weight"]
+    # (alpha / r) B A = (16 / 4) * 4 (each entry of B A sums r = 4 ones) = 16
+    torch.testing.assert_close(merged, w0 + 16.0)

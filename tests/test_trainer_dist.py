@@ -5,9 +5,12 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import TINY_LAB, untimed
+
+import aisrl
 
 TINY = [*TINY_LAB, "max_steps=2", "micro_batch=4", "device=cpu"]  # gloo on the CPU, also on a 1-GPU machine
 
@@ -25,7 +28,9 @@ def _run(cmd, env):
 
 @pytest.mark.slow
 def test_torchrun_matches_single_process(tmp_path):
-    env = {**os.environ, "AISRL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    root = str(Path(aisrl.__file__).parents[1])  # the processes import the aisrl under test, not an installed one
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "AISRL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     # give the untrained policy a reward signal that varies with the completion (see test_lora.py), and a correctness
     # that varies with the problem too, so that the held-out evaluation, shared out over the ranks, counts something
     boot = ("import sys, aisrl.tasks as t; t.Arithmetic.reward = lambda self, x, p: (float(len(x) % 3), "
@@ -53,7 +58,9 @@ def test_a_torchrun_resume_is_exact_with_dropout(tmp_path):
     # each rank draws its own dropout masks: a checkpoint that kept rank 0's generator only resumed rank 1 with
     # rank 0's state, and the resumed run left the uninterrupted one at the first step after the checkpoint
     pytest.importorskip("peft")
-    env = {**os.environ, "AISRL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    root = str(Path(aisrl.__file__).parents[1])  # the processes import the aisrl under test, not an installed one
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "AISRL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     boot = ("import sys, aisrl.tasks as t; t.Arithmetic.reward = lambda self, x, p: (float(len(x) % 3), False); "
             "from aisrl.cli import main; sys.exit(main(sys.argv[1:]))")  # fmt: skip
     script = tmp_path / "boot.py"
