@@ -122,6 +122,7 @@ def test_bad_branches_are_refused_before_training(run, tmp_path, capsys):
     assert [c.sample_salt for _, c, _ in cfgs] == [1, 2, 3] and cfgs[0][2][0] == "lab"
     assert "jobs must be >= 1" in err(jobs=0, preset="lab")
     assert "fall must be an accuracy drop in (0, 1] (0.08 = 8 points), got 8" in err(fall=8, preset="lab")
+    assert "fall must be an accuracy drop in (0, 1] (0.08 = 8 points), got 0" in err(fall=0, preset="lab")
     assert main(["branch", f"run={run}", "step=5"]) == 2 and "complete ones at steps" in capsys.readouterr().err
     # a checkpoint without its state.pt (a partial copy): refused, not copied into a branch that cannot resume
     broken = tmp_path / "broken"
@@ -148,6 +149,13 @@ def test_summary_and_table_of_a_fall():
     assert summarize_branch(rs[1:], 4, fall=0.08)["eval_start"] is None  # no evaluation at the branch point
     res = {"config": {"fall": 0.08}, "branches": {"1": s}, "fell": 1, "scored": 1, "eval_change_mean": -0.1}
     assert "| 1 | 50.0 | 40.0 | -10.0 | 15.0 | 0.0200 / 0.0300 |" in table(res) and "1 of 1 branches fell" in table(res)
+    assert "branches fell by 8 points or more; mean change -10.0 points" in table(res)  # fall in points
+    # three k3s whose median is not their mean and whose last is not their max; no evaluation after the branch point
+    later = [{"step": 4, "eval_accuracy": 0.5, "accuracy": 0.3}, {"step": 5, "accuracy": 0.2, "k3_kl": 0.01},
+             {"step": 6, "accuracy": 0.2, "k3_kl": 0.09}, {"step": 7, "accuracy": 0.2, "k3_kl": 0.03}]  # fmt: skip
+    s = summarize_branch(later, 4, 0.08)
+    assert s["k3_kl_mean"] == pytest.approx(0.13 / 3) and s["k3_kl_max"] == 0.09
+    assert (s["eval_end"], s["eval_change"], s["fell"]) == (None, None, None)
 
 
 def test_branch_table_pools_arms_over_seeds(tmp_path, monkeypatch):

@@ -901,3 +901,21 @@ def test_the_final_table_says_how_many_pairs_a_paired_difference_rests_on():
     assert "| -0.040 ± 0.010 |" in final_table({"groups": {"mxfp4/tis": group}})
     del group["policy_paired_seeds"]  # a result aggregated before pairs were recorded: not "(0 pairs)"
     assert "| -0.040 ± 0.010 |" in final_table({"groups": {"mxfp4/tis": group}})
+
+
+def test_every_column_of_a_table_row_by_hand():
+    # each cell formatted as the header says, early before late, the falls count its own column (a reviewer's
+    # mutants of aisrl.compare_report swapped, dropped or re-rounded these, and no test saw it)
+    g = {"reference": False, "format": "mxfp4", "method": "tis", "runs": {"0": {}, "1": {}}, "missing": [],
+         "eval_start": (0.3, None), "eval_final": (0.2, 0.05), "eval_best": (0.4, 0.0), "collapses": 0, "falls": 2,
+         "fit_start": (0.5, None), "fit_final": (0.6, None), "reward_last_fifth": (0.4567, 0.0123),
+         "reward_vs_reference": (-0.1, 0.02), "paired_seeds": [0, 1], "alpha_early": (0.9, None),
+         "alpha_late": (0.5, None), "k3_kl_early": (0.0123, None), "k3_kl_late": (0.0456, None),
+         "ess_early": (0.8, None), "ess_late": (0.7, None), "time_share": {"time_rollout": 0.634},
+         "seconds_per_step": (2.345, None)}  # fmt: skip
+    lines = table({"groups": {"mxfp4/tis": g}}).splitlines()
+    assert lines[1] == "|" + "---|" * 17 and lines[0].count("|") == 18
+    assert lines[2] == ("| mxfp4 | tis | 2 | 30.0 | 20.0 ± 5.0 | 40.0 ± 0.0 | 0/2 | 2/2 | 50.0 | 60.0 | 0.457 ± 0.012 "
+                        "| -0.100 ± 0.020 | 0.9 → 0.5 | 0.012 → 0.046 | 0.8 → 0.7 | 63% | 2.35 |")  # fmt: skip
+    empty = {"reference": False, "format": "mxfp4", "method": "tis", "runs": {"0": {}}, "policy_reward": (None, None)}
+    assert final_table({"groups": {"mxfp4/tis": empty}}) == ""  # nothing scored: no table, not a header alone

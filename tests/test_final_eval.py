@@ -47,6 +47,7 @@ def test_scores_the_checkpoint_with_the_runs_prompts_and_sampler(tmp_path, monke
     res = fe.evaluate_final(cfg.output_dir, cfg, samples=3, held_samples=5)
     assert res["policy_reward"] == pytest.approx(0.2) and res["policy_accuracy"] == 0.5
     assert res["sampler_reward"] == pytest.approx(0.3) and res["held_reward"] == pytest.approx(0.4)
+    assert res["sampler_accuracy"] == 0.5 and res["held_accuracy"] == 0.5  # the share of True, not a reward's mean
     (trained, pool, k1), (rollout, pool2, k2), (trained2, held, k3) = calls
     assert (k1, k2, k3) == (3, 3, 5) and trained is trained2 and pool == pool2
     for k, v in trained.state_dict().items():  # the final checkpoint's weights...
@@ -73,6 +74,7 @@ def test_cached_until_the_weights_or_settings_change(tmp_path, monkeypatch):
     assert all(0.0 <= first[k] <= 1.0 for k in ("held_reward", "held_accuracy"))
     monkeypatch.setattr(fe, "_rewards", lambda *a, **k: [(1.0, True)])
     assert fe.evaluate_final(cfg.output_dir, cfg, samples=1, held_samples=1) == first  # cached
+    assert fe.evaluate_final(cfg.output_dir, cfg, samples=1, held_samples=2)["held_reward"] == 1.0  # held-out count
     assert fe.evaluate_final(cfg.output_dir, cfg, samples=2, held_samples=1)["policy_reward"] == 1.0  # new settings
     monkeypatch.setattr(fe, "_rewards", lambda *a, **k: [(0.5, False)])
     hotter = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, temperature=0.5))
