@@ -334,3 +334,24 @@ def test_a_failed_copy_takes_back_every_copy_and_a_refused_branch_keeps_its_log(
     (dst / "train.log").write_text("ValueError: why\n")
     _take_back(dst)
     assert [p.name for p in dst.iterdir()] == ["train.log"]
+
+
+def test_a_branch_folder_of_another_run_or_step_is_refused_and_earlier_branches_need_the_same_fall(run, tmp_path):
+    from dataclasses import asdict
+
+    from aisrl.branch import _check_branch_point, _earlier_branches
+
+    dst = tmp_path / "b" / "salt1"
+    start_from_checkpoint(run, 2, dst)
+    _check_branch_point(run, 2, dst)  # its own run and step: resumed
+    (tmp_path / "other").mkdir()
+    with pytest.raises(ValueError, match="was branched from .* at step 2, not"):
+        _check_branch_point(tmp_path / "other", 2, dst)  # the same step of another run
+    with pytest.raises(ValueError, match="was branched from .* at step 2, not"):
+        _check_branch_point(run, 4, dst)  # another step of the same run
+    # branches recorded under another `fall` were judged fallen by another bar: not kept beside this call's
+    path = tmp_path / "b" / "branches.json"
+    earlier = {"config": asdict(BranchConfig(run=str(run), step=2, fall=0.08)), "branches": {"1": {"fell": True}}}
+    path.write_text(json.dumps(earlier))
+    assert _earlier_branches(path, BranchConfig(run=str(run), step=2, fall=0.08)) == {"1": {"fell": True}}
+    assert _earlier_branches(path, BranchConfig(run=str(run), step=2, fall=0.12)) == {}

@@ -390,6 +390,11 @@ def test_publish_writes_results_and_benchmarks_section(tmp_path):
     m = result["machine"]  # the machine line names the CPU model where there is one, not just "x86_64", after the GPU
     gpu = f"{m['cuda']}, " if m["cuda"] else ""
     assert f"Machine: {gpu}{m.get('cpu') or m['processor']}, {m['cpus']} CPUs, torch {m['torch']}; 1 steps" in text
+    two = [m, {**m, "cpus": 99}]
+    for where, said in (([m], "Machine the runs started on: "), (two, "Machines the runs started on: ")):
+        publish(cfg, {**result, "trained_on": where}, root=tmp_path)  # start.json's machines, one or several
+        text = (tmp_path / "BENCHMARKS.md").read_text()
+        assert said in text and ("99 CPUs" in text) == (len(where) == 2)
     assert (tmp_path / "benchmarks/results/compare.png").exists()
     cfg.preset = "diffusion_lab"  # another preset's study keeps its own section and files
     publish(cfg, result, root=tmp_path)

@@ -228,6 +228,9 @@ def test_a_local_dataset_enters_the_cached_settings_by_its_contents(tmp_path):
     d = _settings("s", "w", from_dir, 4, 8)["dataset_sha256"]
     (saved / "sub" / "a.arrow").write_bytes(b"xyw")
     assert _settings("s", "w", from_dir, 4, 8)["dataset_sha256"] != d
+    d = _settings("s", "w", from_dir, 4, 8)["dataset_sha256"]
+    (saved / "sub" / "a.arrow").rename(saved / "a.arrow")  # the same bytes at another place in the directory
+    assert _settings("s", "w", from_dir, 4, 8)["dataset_sha256"] != d
     assert "dataset_sha256" not in _settings("s", "w", load_config("lab"), 4, 8)  # lab runs' caches stay valid
     gone = load_config("lab", [*FILE_TASK, "task=dataset", f"dataset={tmp_path / 'moved.jsonl'}"])
     assert _settings("s", "w", gone, 4, 8)["dataset_sha256"] == "missing"
