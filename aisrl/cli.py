@@ -112,7 +112,7 @@ def _study_args(args, config_cls) -> tuple[list[str], list[str]]:
             raise ValueError(f"unknown key {key!r}: neither a key of the study nor a training key; did you mean "
                              f"{close[0]!r}? The study's keys: {sorted(own)}; `aisrl train --help` lists the "
                              "training keys")  # fmt: skip
-    return [o for o in items if o.split("=", 1)[0] in own], [o for o in items if o.split("=", 1)[0] not in own]
+    return [o for o in items if override_key(o) in own], [o for o in items if override_key(o) not in own]
 
 
 def _branch(args) -> int:
@@ -189,7 +189,7 @@ def _is_override(arg: str) -> bool:
 
     from aisrl.config import is_file
 
-    key = arg.split("=", 1)[0]
+    key = arg.split("=", 1)[0].strip()  # as apply_overrides reads it: " run =r" is an override, not a preset
     return "=" in arg and not is_file(arg) and re.fullmatch(r"[A-Za-z_][\w.]*", key) is not None
 
 

@@ -174,3 +174,8 @@ def test_branch_adds_bare_training_keys_to_a_train_list(monkeypatch):
     monkeypatch.setattr("aisrl.branch.table", lambda result: "")
     assert main(["branch", "run=r", "step=1", "max_steps=3", "train=[lr=1e-3]"]) == 0
     assert seen["cfg"].train == ["lr=1e-3", "max_steps=3"]
+    # a spaced study key is the study's, as apply_overrides reads it (before: the raw text went to the training keys)
+    seen.clear()
+    assert main(["branch", " run =r", "step= 1", " salts =[4]", " max_steps = 3"]) == 0
+    assert (seen["cfg"].run, seen["cfg"].step, seen["cfg"].salts) == ("r", 1, [4])
+    assert seen["cfg"].train == [" max_steps = 3"]
