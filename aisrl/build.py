@@ -152,9 +152,10 @@ def rollout_model(cfg: TrainConfig, model, device, problems, encode):
     if cfg.rollout.engine == "static":
         engine = static_engine(cfg, model, device, problems, encode, rollout_format(cfg))
         return engine, engine.sync
-    rollout = copy.deepcopy(model).eval().requires_grad_(False)  # a sampler: no gradients, whatever calls it
+    rollout = copy.deepcopy(model)
     if cfg.rollout.quant != "none":
         quantize_(rollout, rollout_format(cfg))
+    rollout.eval().requires_grad_(False)  # a sampler, its quantised layers too: no dropout, no gradients
     return rollout, functools.partial(sync_weights, rollout=rollout)
 
 

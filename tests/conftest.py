@@ -51,3 +51,9 @@ def write_run(path, rows):
 
     path.mkdir(parents=True, exist_ok=True)
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def varying_reward(self, text, problem):
+    """A stand-in for Task.reward that varies within a group (by the completion's length), so a step has advantages
+    and moves the weights; never correct."""
+    return float(len(text) % 3), False

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import TINY_LAB, load_benchmark
+from conftest import TINY_LAB, load_benchmark, varying_reward
 
 from aisrl.bench.one_step import one_step
 from aisrl.branch import recorded_base
@@ -19,7 +19,7 @@ FP8 = [*TINY_LAB, "rollout.quant=fp8_e4m3_w8a8", "lab.hidden=64"]
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
     # a reward that varies with the completion, so advantages are not all zero and gradients are not either
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
 
 
 def test_the_gradient_is_linear_in_the_weights_so_a_pinned_alpha_lies_on_the_segment():

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import TINY_LAB, load_benchmark, untimed
+from conftest import TINY_LAB, load_benchmark, untimed, varying_reward
 
 from aisrl.branch import BranchConfig, branch_configs, run_branches, start_from_checkpoint, summarize_branch, table
 from aisrl.checkpoint import run_start
@@ -20,7 +20,7 @@ TINY = [*TINY_LAB, "eval_every=2", "checkpoint_every=2", "rollout.quant=fp8_e4m3
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
     # a reward that varies with the completion, so the weights move and other samples give other updates
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
 
 
 def rows(out):

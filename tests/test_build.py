@@ -2,6 +2,7 @@
 rollout copy and which of its layers stay in full precision."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -95,3 +96,71 @@ def test_a_dataset_smaller_than_the_sets_asked_for_is_said_not_silently_shortene
     assert (len(pool), len(held)) == (40 - n_test, n_test)
     assert f"gives {40 - n_test} training problems where train_problems=500" in said
     assert f"set train_problems={40 - n_test}" in said
+
+
+def test_the_rollout_copy_samples_in_eval_mode_without_gradients():
+    from aisrl.build import rollout_model
+
+    cfg = load_config("lab", [*TINY, "rollout.quant=fp8_e4m3_w8a8"])
+    model, _, _, encode = build(cfg)
+    model.train()  # the trainer trains; its copy must not inherit train mode (dropout in the sampler)
+    rollout, _ = rollout_model(cfg, model, torch.device("cpu"), [], encode)
+    assert not any(m.training for m in rollout.modules())  # its quantised layers too
+    assert not any(p.requires_grad for p in rollout.parameters())
+    assert model.training and all(p.requires_grad for p in model.parameters())  # the trainer's model is left alone
+
+
+def test_completion_texts_keep_only_the_masked_in_tokens():
+    from types import SimpleNamespace
+
+    from aisrl.build import completion_texts
+
+    class Chars:
+        def decode(self, ids, skip_special_tokens=False):
+            return "".join(chr(i) for i in ids)
+
+    ids = torch.tensor([[ord("4"), ord("2"), ord("x")], [ord("7"), ord("y"), ord("z")]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])  # what follows a row's end is not its text
+    assert completion_texts(Chars(), SimpleNamespace(completion_ids=ids, completion_mask=mask)) == ["42", "7"]
+
+
+def test_the_mask_id_is_the_configured_one_else_the_checkpoints_else_the_tokenizers():
+    from types import SimpleNamespace
+
+    from aisrl.build import _mask_id
+
+    model = SimpleNamespace(config=SimpleNamespace(vocab_size=10, mask_token_id=7))
+    tok = SimpleNamespace(mask_token_id=8)
+
+    def mask_id(given, model=model):
+        return _mask_id(load_config("lab", ["model.name=some/diffusion", f"diffusion.mask_id={given}"]), tok, model)
+
+    assert (mask_id(0), mask_id(9), mask_id(-1)) == (0, 9, 7)  # id 0 is an id; -1 reads the checkpoint first
+    assert mask_id(-1, SimpleNamespace(config=SimpleNamespace(vocab_size=10))) == 8  # then the tokenizer
+    with pytest.raises(ValueError, match=r"diffusion.mask_id=10 is outside 'some/diffusion''s vocabulary \[0, 10\)"):
+        mask_id(10)
+
+
+def test_a_diffusion_policy_draws_its_scoring_masks_from_the_runs_seed():
+    from types import SimpleNamespace
+
+    from aisrl.build import diffusion_params, make_policy
+    from aisrl.policy import DiffusionPolicy
+
+    cfg = load_config("diffusion_lab", ["diffusion.mask_id=5", "seed=3", "micro_batch=8"])
+    policy = make_policy(cfg, SimpleNamespace(pad_token_id=None, eos_token_id=2))
+    assert policy == DiffusionPolicy(diffusion_params(cfg), 5, 0, 2, cfg.diffusion.p_mask, 3, 8)
+
+
+def test_no_held_out_problem_is_an_error_without_a_warning_about_fewer():
+    from aisrl.build import problem_sets
+
+    class Few:  # a dataset with 8 training problems and no test split
+        def problems(self, split, n, seed):
+            return [Problem(f"q{i}", str(i)) for i in range(8)] if split == "train" else []
+
+    cfg = load_config("lab", [*TINY, "train_problems=8"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an empty split is no "fewer than asked": the error alone says it
+        with pytest.raises(ValueError, match="the task gives 8 training and 0 held-out problems"):
+            problem_sets(cfg, Few())

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import TINY_LAB, load_benchmark
+from conftest import TINY_LAB, load_benchmark, varying_reward
 
 from aisrl.calibrate import (
     _gram,
@@ -282,7 +282,7 @@ def rows(out):
 @pytest.mark.parametrize("quant", ["none", "fp8_e4m3_w8a8"])
 def test_trainer_calibrates_on_schedule_and_trains_with_the_pick(tmp_path, monkeypatch, quant):
     # a reward that varies with the completion, so groups have advantages (an untrained policy scores 0 everywhere)
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     seen = []
     monkeypatch.setattr("aisrl.trainer.correct", lambda name, *a, **k: seen.append(name) or correct(name, *a, **k))
     out = tmp_path / "run"
@@ -306,7 +306,7 @@ def test_trainer_calibrates_on_schedule_and_trains_with_the_pick(tmp_path, monke
 
 
 def test_the_trainer_trains_with_the_mixture_it_logs(tmp_path, monkeypatch):
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     seen = []
     monkeypatch.setattr("aisrl.trainer.correct", lambda name, *a, **k: seen.append(name) or correct(name, *a, **k))
     mixed = []
@@ -327,7 +327,7 @@ def test_the_trainer_trains_with_the_mixture_it_logs(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("rule", ["window", "mix"])
 def test_a_resumed_run_keeps_its_pick_and_the_calibrations_it_averages(tmp_path, monkeypatch, rule):
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     a, b = tmp_path / "a", tmp_path / "b"
     base = [*TINY_LAB, "rollout.quant=fp8_e4m3_w8a8", "checkpoint_every=2", "correction.calibrate_every=2",
             "correction.calibrate_window=2", f"correction.calibrate_rule={rule}"]  # fmt: skip
@@ -352,7 +352,7 @@ def test_a_calibration_that_measured_nothing_keeps_no_place_in_the_window(tmp_pa
     # calibration that measured something out of the window either
     from aisrl import trainer
 
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     real, calls = trainer._full_precision_gradient, []
 
     def zero_at_step_3(*a, **k):
@@ -378,7 +378,7 @@ def test_a_calibration_that_measured_nothing_keeps_no_place_in_the_window(tmp_pa
 def test_with_error_masking_a_calibration_judges_each_candidate_on_the_tokens_it_would_train_on(tmp_path, monkeypatch):
     import aisrl.trainer as trainer
 
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     # every completion's first two tokens flagged as errors: the trained mask is then known in advance
     completions = []
     monkeypatch.setattr(trainer, "error_tokens",
@@ -399,7 +399,7 @@ def test_with_error_masking_a_calibration_judges_each_candidate_on_the_tokens_it
 def test_a_tripped_step_neither_changes_the_pick_nor_enters_the_calibration_window(tmp_path, monkeypatch):
     from aisrl.update import MismatchGuard
 
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     real, calls = MismatchGuard.tripped, []
 
     def trips_at_step_3(self, k3):
@@ -424,7 +424,7 @@ def test_a_tripped_step_of_a_run_resumed_with_other_candidates_logs_its_end_poin
     # step that calibrates trips the guard, so that end point stays (before: ValueError, 'ais' is not in list)
     from aisrl.update import MismatchGuard
 
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     real, calls = MismatchGuard.tripped, []
     trips = lambda self, k3: calls.append(k3) or real(self, k3) or len(calls) == 3  # noqa: E731
     monkeypatch.setattr(MismatchGuard, "tripped", trips)

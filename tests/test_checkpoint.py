@@ -164,6 +164,10 @@ def test_a_run_keeps_the_checkpoints_it_is_told_to(tmp_path, monkeypatch):
         out = tmp_path / f"keep{keep}"
         train(load_config("lab", [*base, f"keep_checkpoints={keep}", f"output_dir={out}"]), log=lambda _: None)
         assert sorted(int(p.name[5:]) for p in (out / "checkpoints").glob("step_*")) == kept
+    out = tmp_path / "every2"  # every second step, and the last
+    train(load_config("lab", [*base, "max_steps=5", "checkpoint_every=2", "keep_checkpoints=0", f"output_dir={out}"]),
+          log=lambda _: None)  # fmt: skip
+    assert sorted(int(p.name[5:]) for p in (out / "checkpoints").glob("step_*")) == [2, 4, 5]
     # a resume that leaves it out would prune what the run kept: refused, naming it
     with pytest.raises(ValueError, match=r"another config \(keep_checkpoints: 0 -> 2\)"):
         train(load_config("lab", [*base, "max_steps=5", f"output_dir={tmp_path / 'keep0'}"]), log=lambda _: None)

@@ -1,3 +1,4 @@
+import argparse
 import json
 import shutil
 
@@ -179,3 +180,59 @@ def test_branch_adds_bare_training_keys_to_a_train_list(monkeypatch):
     assert main(["branch", " run =r", "step= 1", " salts =[4]", " max_steps = 3"]) == 0
     assert (seen["cfg"].run, seen["cfg"].step, seen["cfg"].salts) == ("r", 1, [4])
     assert seen["cfg"].train == [" max_steps = 3"]
+
+
+def test_mismatch_refuses_a_model_given_with_start_even_the_default(capsys):
+    assert main(["mismatch", "--model", "smollm2", "start=nowhere:3"]) == 2
+    assert "['model'] come from the preset or run (preset=, start=)" in capsys.readouterr().err
+
+
+def test_train_summary_puts_the_starting_accuracy_first(monkeypatch, capsys, tmp_path):
+    s = {"eval_accuracy": [(10, 0.5)], "eval_accuracy_start": 0.25, "reward_first_fifth": 0.1,
+         "reward_last_fifth": 0.2, "report": "r.png"}
+    monkeypatch.setattr("aisrl.trainer.train", lambda cfg: s)
+    assert main(["train", "lab", f"output_dir={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    assert "reward: first fifth 0.100 -> last fifth 0.200; held-out greedy accuracy 25.0% at the start, " \
+           "50.0% at step 10" in out
+
+
+def test_a_permission_error_is_one_line_and_exit_2(monkeypatch, capsys):
+    def denied(cfg, out):
+        raise PermissionError("denied here")
+
+    monkeypatch.setattr("aisrl.doctor.main", denied)
+    assert main(["mismatch", "--model", "tiny-llama"]) == 2
+    assert capsys.readouterr().err == "aisrl: error: denied here\n"
+
+
+def test_eval_without_a_checkpoint_is_one_line(tmp_path, capsys):  # not a TypeError on None
+    assert main(["eval", f"output_dir={tmp_path}"]) == 2
+    assert f"no checkpoint in {str(tmp_path)!r}; train first" in capsys.readouterr().err
+
+
+def test_bench_estimator_default_output_path(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # without --out: runs/estimator/estimator.json under the working directory
+    assert main(["bench", "estimator", "vocab=3", "length=2", "batches=5", "instances=1", "strengths=[0.2]",
+                 "sharpness=[1.0]"]) == 0
+    assert (tmp_path / "runs" / "estimator" / "estimator.json").is_file()
+    assert "results: runs/estimator/estimator.json" in capsys.readouterr().out
+
+
+def test_an_unknown_option_among_overrides_is_argparse_usage_error(monkeypatch):
+    # leftover arguments are overrides only when every one is key=value: '--nope' among them is refused
+    seen = {}
+    monkeypatch.setattr("aisrl.cli._mismatch", lambda args: seen.update(vars(args)) or 0)
+    with pytest.raises(SystemExit) as e:
+        main(["mismatch", "prompts=2", "--nope", "--model", "tiny-llama", "max_new_tokens=4"])
+    assert e.value.code == 2 and not seen
+
+
+def test_study_args_pass_dotted_training_keys_through():
+    # rollout.quant and correction.name are training keys (their first part is), not misspelt study keys
+    from aisrl.cli import _study_args
+    from aisrl.compare import CompareConfig
+
+    items = ["rollout.quant=none", "correction.name=tis", "seeds=[0]"]
+    assert _study_args(argparse.Namespace(preset=None, overrides=items), CompareConfig) == (
+        ["seeds=[0]"], ["rollout.quant=none", "correction.name=tis"])

@@ -186,6 +186,23 @@ def test_the_figure_averages_evaluations_and_alpha_step_by_step(tmp_path, monkey
     assert all(math.isfinite(v) for v in k3[1])
 
 
+def test_the_figure_starts_the_held_out_curve_at_the_mean_start_over_seeds(tmp_path, monkeypatch):
+    # three seeds start at 0.1, 0.2 and 0.6: the point at step 0 is their mean 0.3 (not the median 0.2, the first
+    # 0.1 or the best 0.6), beside the step-10 mean (0.4 + 0.5 + 0.9) / 3 = 0.6
+    from matplotlib.lines import Line2D
+
+    from aisrl.compare_report import plot
+
+    cfg = CompareConfig(methods=["tis"], formats=["int4"], seeds=[0, 1, 2], reference=False, out=str(tmp_path))
+    for seed, start in enumerate((0.1, 0.2, 0.6)):
+        rows = _fake_rows([0.5] * 10, {10: start + 0.3}, start, [0.1] * 10)
+        _write_run(Run("int4", "tis", seed).path(tmp_path), rows)
+    drawn = []
+    monkeypatch.setattr("matplotlib.axes.Axes.plot", lambda ax, *a, **k: drawn.append(a) or [Line2D([], [])])
+    plot(aggregate(cfg, plan(cfg), max_steps=10), tmp_path / "compare.png")
+    held_out = next(a for a in drawn if a[2:] == ("o-",))
+    assert held_out[0] == [0, 10] and held_out[1] == [pytest.approx(0.3), pytest.approx(0.6)]
+
 def test_a_removed_metrics_line_leaves_a_gap_not_a_shift_in_the_per_step_curves(tmp_path, monkeypatch):
     # read_jsonl tells a user to remove a damaged middle line; the steps after it must keep their places
     from matplotlib.lines import Line2D

@@ -1,6 +1,8 @@
+import copy
 import json
 
 import pytest
+import torch
 
 from aisrl.cli import main
 from aisrl.doctor import DoctorConfig, diagnose, table
@@ -182,7 +184,7 @@ def test_keep_applies_to_every_format_and_reports_the_kept_share():
 
 def test_start_examines_a_runs_checkpoint_with_the_runs_settings(tmp_path, monkeypatch):
     import torch
-    from conftest import TINY_LAB
+    from conftest import TINY_LAB, varying_reward
     from safetensors.torch import load_file
 
     from aisrl.build import build
@@ -192,7 +194,7 @@ def test_start_examines_a_runs_checkpoint_with_the_runs_settings(tmp_path, monke
     from aisrl.trainer import train
 
     monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     run = tmp_path / "run"
     train(load_config("lab", [*TINY_LAB, "max_steps=2", "checkpoint_every=2", "eval_every=2", "lr=0.01",
                               f"output_dir={run}"]), log=lambda _: None)  # fmt: skip
@@ -239,3 +241,90 @@ def test_device_cuda_moves_a_given_model_and_measures_as_on_the_cpu():
         assert gpu[f]["tokens"] == cpu[f]["tokens"] == 60
         assert 0.5 < gpu[f]["k3_kl"] / cpu[f]["k3_kl"] < 2, (f, gpu[f]["k3_kl"], cpu[f]["k3_kl"])
     assert gpu["fp8_e4m3_w8a8"]["k3_kl"] < gpu["mxfp4"]["k3_kl"]
+
+
+ROWS = [{"layer": "a", "logprob_abs_diff_mean": 0.1, "removed": 0.5, "weights": 0.25},
+        {"layer": "b", "logprob_abs_diff_mean": 0.15, "removed": 0.25, "weights": 0.5},
+        {"layer": "c", "logprob_abs_diff_mean": 0.2, "removed": 0.0, "weights": 0.25}]
+
+
+def test_sensitivity_table_shows_exactly_top_rows():
+    from aisrl.doctor import sensitivity_table
+
+    lines = sensitivity_table(ROWS, top=2).strip().split("\n")
+    assert lines[2:] == ["| a | 0.1 | 50.0% | 25.0% |", "| b | 0.15 | 25.0% | 50.0% |"]
+
+
+def test_keep_hint_counts_only_the_rows_there_are():
+    from aisrl.doctor import keep_hint
+
+    assert keep_hint(ROWS[:1], top=2).startswith('to keep the top 1: "rollout.keep=[a]"')
+
+
+def _result(**kept):
+    base = dict(tokens=5, k3_kl=0.1, ess=0.9, chi2_token=0.1, logprob_abs_diff_mean=0.1, ratio_frac_above_2=0.0,
+                ratio_frac_below_half=0.0, token_prob_mult_error=0.1, sync_seconds=0.01)
+    return {f: {**base, "kept_weights": w} for f, w in kept.items()}
+
+
+def test_table_shows_kept_weights_when_any_format_keeps_some():
+    t = table(_result(bf16=0.0, mxfp4=0.5))
+    assert "kept_weights" in t.splitlines()[0] and "| mxfp4 | 5 |" in t and t.splitlines()[3].endswith("| 0.5 |")
+    assert "kept_weights" not in table(_result(bf16=0.0, mxfp4=0.0))
+
+
+def test_check_names_the_run_when_both_preset_and_start_are_given():
+    from aisrl.doctor import check
+
+    with pytest.raises(ValueError, match=r"\['temperature'\] come from the run \('x:1'\)"):
+        check(DoctorConfig(preset="lab", start="x:1", temperature=0.5))
+
+
+def test_per_layer_weight_shares_are_of_all_quantisable_weights_with_keep():
+    # by hand (tiny-llama, 2 blocks): attention 12288 and MLP 24576 weights per block; keeping the MLP leaves the 4
+    # attention layers per block ranked, whose shares of all quantisable weights add up to 12288 / 36864 = 1/3
+    cfg = DoctorConfig(model="tiny-llama", formats=["mxfp4"], prompts=2, max_new_tokens=3,
+                       keep=["model.layers.*.mlp.*"], per_layer=True, device="cpu")
+    rows = diagnose(cfg, tiny_model("tiny-llama", seed=1), None)["mxfp4"]["per_layer"]
+    assert len(rows) == 8 and sum(x["weights"] for x in rows) == pytest.approx(1 / 3)
+    assert sorted(x["weights"] for x in rows) == pytest.approx([2048 / 73728] * 4 + [4096 / 73728] * 4)
+
+
+def test_doctor_log_ratios_and_seeds_are_as_documented():
+    # log_ratios = log pi_trainer - log mu_rollout on the completions sampled with seeds seed * 100003 + i
+    from aisrl.doctor import _prompt_ids
+    from aisrl.policy import CausalPolicy
+    from aisrl.quant import quant_config, quantize_
+    from aisrl.rollout import SamplingParams
+
+    model = tiny_model("tiny-llama", seed=1)
+    cfg = DoctorConfig(model="tiny-llama", formats=["mxfp4"], prompts=3, max_new_tokens=4, seed=2, device="cpu")
+    got = diagnose(cfg, model, None)["mxfp4"]["log_ratios"]
+    policy = CausalPolicy(SamplingParams(max_new_tokens=4), 0, 2)
+    rollout = quantize_(copy.deepcopy(model), quant_config("mxfp4"))
+    prompts = _prompt_ids(cfg, None, model.config.vocab_size)
+    r = policy.sample(rollout, prompts, [200006, 200007, 200008], 0)
+    with torch.no_grad():
+        old = policy.score(model, r, 0)
+    want = (old - r.rollout_logp)[r.completion_mask]
+    torch.testing.assert_close(torch.tensor(got), want, rtol=0, atol=1e-6)
+    assert want.abs().sum() > 0  # the sign is tested
+
+
+def test_byte_prompts_fold_into_ids_3_to_v_minus_1():
+    # without a tokenizer a prompt is BOS (1) then its first 24 bytes folded into ids 3..V-1: for V=35 the fold is
+    # min(200, 32) = 32, so "What " -> W=87 -> 3+23, h=104 -> 3+8, a=97 -> 3+1, t=116 -> 3+20, ' '=32 -> 3+0
+    from aisrl.doctor import _prompt_ids
+
+    ids = _prompt_ids(DoctorConfig(prompts=4), None, 35)
+    assert all(p[:6] == [1, 26, 11, 4, 23, 3] for p in ids)
+    assert all(len(p) == 25 and max(p) <= 34 for p in ids)
+
+
+def test_seed_upper_bound_is_exclusive():
+    # 10^9 itself is outside [0, 10^9), as in training
+    from aisrl.doctor import check
+
+    assert check(DoctorConfig(model="tiny-llama", seed=999_999_999)) is None
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 1000000000\), got 1000000000"):
+        check(DoctorConfig(model="tiny-llama", seed=1_000_000_000))

@@ -421,3 +421,45 @@ def test_fp8_kv_scales_leave_out_the_padding_however_loud():
     alone = eng.generate(PROMPTS[:1], params, seeds=[7], pad_id=0, eos_id=[])
     assert torch.equal(batch.completion_ids[:1], alone.completion_ids)
     torch.testing.assert_close(batch.rollout_logp[:1], alone.rollout_logp, atol=1e-5, rtol=0)
+
+
+def test_prefill_attention_padding_query_sees_itself():
+    # a padding query (not valid, nothing valid before it) would have an all-False mask row, so NaN; it attends to
+    # itself only, so its output is its own value, for both query heads sharing the one key head
+    from aisrl.engine_ops import prefill_attention
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 3, 2, 4), torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4)  # H=2, Hk=1 (G=2)
+    out = prefill_attention(q, k, v, torch.tensor([[False, True, True]]), 0.5)
+    assert out.isfinite().all()
+    torch.testing.assert_close(out[0, 0, 0], v[0, 0, 0])
+    torch.testing.assert_close(out[0, 0, 1], v[0, 0, 0])
+
+
+def test_compiled_stage_falls_back_only_on_compiler_failures():
+    # a shape error inside the stage reaches the caller and leaves the compiled path on; a failure of the compiler
+    # (an exception from torch._dynamo) falls back to eager PyTorch with a warning, `failure` naming it
+    from aisrl.engine_ops import CompiledStage
+
+    def double(x):
+        return 2 * x
+
+    st = CompiledStage(double)
+
+    def shape_error(*a):
+        raise RuntimeError("shape mismatch")
+
+    st.compiled = shape_error
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        st(torch.ones(2))
+    assert st.failure is None
+
+    DynamoError = type("Unsupported", (Exception,), {"__module__": "torch._dynamo.exc"})
+
+    def compiler_failure(*a):
+        raise DynamoError("graph break")
+
+    st.compiled = compiler_failure
+    with pytest.warns(UserWarning, match="torch.compile failed on double"):
+        assert torch.equal(st(torch.ones(2)), torch.full((2,), 2.0))
+    assert st.failure == "Unsupported: graph break"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import TINY_LAB
+from conftest import TINY_LAB, varying_reward
 from safetensors.torch import load_file, save_file
 
 import aisrl.final_eval as fe
@@ -28,7 +28,7 @@ def _run(tmp_path, quant, monkeypatch):
     cfg = load_config("lab", [*TINY_LAB, "max_steps=2", "eval_every=2", f"rollout.quant={quant}", "lr=0.01",
                               f"output_dir={tmp_path / quant}"])  # fmt: skip
     with monkeypatch.context() as m:
-        m.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+        m.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
         train(cfg, log=lambda _: None)
     return cfg
 
@@ -289,7 +289,7 @@ def test_a_static_engine_run_on_the_gpu_is_scored_through_an_fp32_engine_there(t
 def test_a_lora_run_is_scored_with_its_adapters_merged(tmp_path, monkeypatch):
     # the model scored is W + (alpha / r) B A of the checkpoint's adapters, worked out here from its tensors (before:
     # LoRA runs were refused, and a study of them had no final-model scores)
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     cfg = load_config("lab", [*TINY_LAB, "max_steps=2", "eval_every=2", "rollout.quant=mxfp4_w4a4", "lora.r=4",
                               "lora.alpha=8", "lr=0.01", f"output_dir={tmp_path / 'lora'}"])  # fmt: skip
     train(cfg, log=lambda _: None)

@@ -34,7 +34,7 @@ def test_merged_state_equals_peft_merge_and_rollout_follows():
 
 
 def test_lora_training_moves_adapters_only(tmp_path, monkeypatch):
-    from conftest import TINY_LAB
+    from conftest import TINY_LAB, varying_reward
     from safetensors.torch import load_file
 
     from aisrl.checkpoint import latest_checkpoint
@@ -44,7 +44,7 @@ def test_lora_training_moves_adapters_only(tmp_path, monkeypatch):
 
     monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
     # an untrained policy never hits the format, so every reward (and advantage) would be 0: give it signal
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     tiny = [*TINY_LAB, "lr=0.01"]
     out = tmp_path / "run"
     train(load_config("lab", [*tiny, "max_steps=2", "lora.r=4", f"output_dir={out}"]), log=lambda _: None)
@@ -77,14 +77,14 @@ def test_lora_training_moves_adapters_only(tmp_path, monkeypatch):
 def test_lora_reference_is_the_base_model_with_adapters_off(tmp_path, monkeypatch):
     import json
 
-    from conftest import TINY_LAB
+    from conftest import TINY_LAB, varying_reward
 
     from aisrl.train_config import load_config
     from aisrl.trainer import train
     from aisrl.update import _as_reference
 
     monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     out = tmp_path / "run"
     cfg = [*TINY_LAB, "lr=0.01", "max_steps=3", "lora.r=4", "kl_coef=0.1", f"output_dir={out}"]
     train(load_config("lab", cfg), log=lambda _: None)

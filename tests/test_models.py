@@ -47,6 +47,15 @@ def test_repository_id_loads_from_the_local_hub_cache_offline(tmp_path, monkeypa
     ids = torch.tensor([[1, 5, 6, 7]])
     torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
     assert tok is not None and tok.pad_token_id == 0
+    # only ORG/NAME ids are hub ids: a bare name (no such directory here) is refused, even with a snapshot cached
+    # under that bare name
+    bare = tmp_path / "models--tiny-chat"
+    (bare / "refs").mkdir(parents=True)
+    (bare / "refs" / "main").write_text(commit)
+    save_model(model, bare / "snapshots" / commit, word_tokenizer(50))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="neither 'smollm2'"):
+        load_model("tiny-chat")
 
 
 @pytest.mark.slow
@@ -118,3 +127,18 @@ def test_prompt_ids_read_a_chat_template_of_any_tokenizer():
     fast.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %} w1"
                           "{% if enable_thinking is defined and not enable_thinking %} w4 w4{% endif %}{% endif %}")
     assert prompt_ids(fast, "w3") == [6, 4, 7, 7]
+
+
+def test_plain_copy_keeps_the_training_mode():
+    from aisrl.models import plain_copy, tiny_model
+
+    m = tiny_model()  # eval mode
+    assert plain_copy(m).training is False
+    assert plain_copy(m.train()).training is True
+
+
+def test_word_tokenizer_maps_unknown_words_to_pad_not_eos():
+    # an unknown word must not end a sequence: it is <pad> (id 0), not <eos>
+    from aisrl.models import word_tokenizer
+
+    assert word_tokenizer(5)("w1 zz w9")["input_ids"] == [4, 0, 0]

@@ -129,12 +129,12 @@ def test_the_kl_reference_of_an_aligned_run_is_aligned_too(tmp_path, monkeypatch
     # KL to it is 0, not the quantisation gap (a KL term that would pull the 4-bit function towards full precision)
     import json
 
-    from conftest import TINY_LAB
+    from conftest import TINY_LAB, varying_reward
 
     from aisrl.train_config import load_config
     from aisrl.trainer import train
 
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     out = tmp_path / "run"
     cfg = load_config("lab", [*TINY_LAB, "max_steps=1", "rollout.align=true", "rollout.quant=mxfp4_w4a4",
                               "loss=tbpo", "correction.name=none", "kl_coef=0.1", f"output_dir={out}"])  # fmt: skip

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from conftest import TINY_LAB
+from conftest import TINY_LAB, varying_reward
 
 from aisrl.solrl import select_extremes
 from aisrl.train_config import load_config
@@ -35,7 +35,7 @@ def test_select_extremes_keeps_bottom_and_top_per_prompt():
 
 def test_trainer_with_solrl_pool_and_qarl_tbpo_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     out = tmp_path / "solrl"
     train(load_config("lab", [*TINY_LAB, "max_steps=2", "rollout.pool=8", "correction.name=none", f"output_dir={out}"]),
           log=lambda _: None)  # fmt: skip
@@ -110,18 +110,31 @@ def test_trainer_trains_on_each_prompts_extremes_and_counts_error_tokens_of_the_
         return flags
 
     monkeypatch.setattr(tr, "error_tokens", every_other)
+    advantages, update = [], tr.policy_update
+
+    def record(cfg, model, ref, opt, r, old_logp, adv, *rest):
+        advantages.append((rows(r), adv))
+        return update(cfg, model, ref, opt, r, old_logp, adv, *rest)
+
+    monkeypatch.setattr(tr, "policy_update", record)
     out = tmp_path / "solrl"
     train(load_config("lab", [*TINY_LAB, "max_steps=2", "rollout.pool=8", "correction.name=none",
                               "correction.mask_errors=true", f"output_dir={out}"]), log=lambda _: None)  # fmt: skip
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(pools) == len(scored) == 2
-    for pool, kept in zip(pools, scored, strict=True):
-        assert len(kept) == 16
+    assert len(pools) == len(scored) == len(advantages) == 2
+    for pool, kept, (trained, adv) in zip(pools, scored, advantages, strict=True):
+        assert len(kept) == 16 and trained == kept  # the rows scored are the rows trained, in order
         reward = dict(pool)
         for g in range(4):  # prompt g's 8 candidates and the 4 kept
             values = sorted(r for _, r in pool[8 * g : 8 * g + 8])
             assert sorted(reward[c] for c in kept[4 * g : 4 * g + 4]) == values[:2] + values[-2:]
             assert set(kept[4 * g : 4 * g + 4]) <= {c for c, _ in pool[8 * g : 8 * g + 8]}
+            # advantages within the 4 kept of one prompt: (r - mean) / (sample std + 1e-4), by hand
+            mine = [reward[c] for c in kept[4 * g : 4 * g + 4]]
+            mean = sum(mine) / 4
+            std = math.sqrt(sum((x - mean) ** 2 for x in mine) / 3)
+            want = [(x - mean) / (std + 1e-4) for x in mine]
+            assert adv[4 * g : 4 * g + 4].tolist() == pytest.approx(want, rel=1e-5, abs=1e-6)
     for row, (n_flagged, n_tokens) in zip(metrics, flagged, strict=True):
         assert 0 < n_flagged < n_tokens
         assert row["error_token_frac"] == pytest.approx(n_flagged / n_tokens)  # not over the tokens the loss keeps

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_LAB, overriding, untimed
+from conftest import TINY_LAB, overriding, untimed, varying_reward
 from safetensors.torch import load_file
 
 from aisrl.build import build
@@ -51,7 +51,7 @@ def test_two_step_smoke_run(tmp_path, capsys):
 def test_resume_is_exact(tmp_path, monkeypatch):
     # a reward that varies with the completion, so the policy really changes between steps (an untrained
     # policy never hits the format: all rewards 0, no gradient, and a wrong resume would go unnoticed)
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     a, b = tmp_path / "a", tmp_path / "b"
     train(load_config("lab", [*TINY, "max_steps=6", f"output_dir={a}", "checkpoint_every=3"]), log=lambda _: None)
     train(load_config("lab", [*TINY, "max_steps=3", f"output_dir={b}", "checkpoint_every=3"]), log=lambda _: None)
@@ -98,7 +98,7 @@ def test_a_batch_with_every_token_rejected_leaves_the_weights_alone(tmp_path, mo
 
     import aisrl.trainer as trainer
 
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     batches, correct = [], trainer.correct
 
     def reject_second_batch(name, old, roll, mask, **kw):
@@ -120,7 +120,7 @@ def test_a_batch_with_every_token_rejected_leaves_the_weights_alone(tmp_path, mo
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 def test_micro_batches_in_length_order_accumulate_the_full_batch_gradient(tmp_path, monkeypatch, agg):
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     got = {}
     for mb in (16, 3):  # one micro-batch of all 16 rows, and uneven ones of rows regrouped by length
         out = tmp_path / f"mb{mb}"
@@ -135,7 +135,7 @@ def test_micro_batches_in_length_order_accumulate_the_full_batch_gradient(tmp_pa
 
 
 def test_static_engine_rollouts_train_and_resume_exactly(tmp_path, monkeypatch):
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     base = [*TINY, "rollout.engine=static", "rollout.quant=fp8_e4m3_w8a8_kv", "checkpoint_every=2"]
     a, b = tmp_path / "a", tmp_path / "b"
     train(load_config("lab", [*base, "max_steps=4", f"output_dir={a}"]), log=lambda _: None)
@@ -384,7 +384,7 @@ def test_gpu_run_matches_cpu_run(tmp_path, monkeypatch):
     # a reward that varies, so each step moves the weights; both runs train in FP32 on the same prompts and sampling
     # seeds, so they sample (nearly) the same tokens and take (nearly) the same two updates. Measured on this CPU:
     # a run of another seed updates the weights in a direction at cosine 0.02 from this seed's
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     base = [*TINY, "max_steps=2", "rollout.quant=fp8_e4m3_w8a8", "correction.name=ais", "lr=0.01"]
     updates, runs = [], []
     for device in ("cpu", "cuda"):
@@ -420,7 +420,7 @@ def test_every_preset_is_a_valid_config(preset, tmp_path):
 
 def test_veto_drops_the_sequences_that_hold_a_catastrophic_token(tmp_path, monkeypatch):
     # a reward that varies, so an update would move the weights; FP8 rollouts put w != 1 on nearly every token
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     base = [*TINY, "max_steps=1", "rollout.quant=fp8_e4m3_w8a8", "correction.name=tis"]
     train(load_config("lab", [*base, f"output_dir={tmp_path / 'a'}"]), log=lambda _: None)
     train(load_config("lab", [*base, "correction.veto=0.999999", f"output_dir={tmp_path / 'b'}"]), log=lambda _: None)
@@ -494,7 +494,7 @@ def test_guard_undoes_the_update_before_a_k3_spike(tmp_path, monkeypatch):
 
     from aisrl import trainer
 
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     real = trainer.correct
 
     def spike_at_step_7(name, old, roll, mask, **kw):
@@ -537,7 +537,7 @@ def test_a_jump_after_a_step_that_updated_nothing_rebases_instead_of_undoing(tmp
     from aisrl import trainer
     from aisrl.correction import restrict
 
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     real_correct, real_update, steps = trainer.correct, trainer.policy_update, []
 
     def spike_at_step_7(name, old, roll, mask, **kw):
@@ -565,7 +565,7 @@ def test_a_tripped_batch_stays_out_of_the_ais_ema(monkeypatch, tmp_path):
     # the batch that trips the guard trains on nothing; its alpha must not smooth the next steps' either
     from aisrl import trainer
 
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     real, seen = trainer.correct, []
 
     def spike_at_step_7(name, old, roll, mask, **kw):  # the guard needs 5 steps of baseline first
@@ -618,11 +618,19 @@ def test_a_checkpoint_keeps_its_mismatch_state_only_under_the_same_rollout_setti
     assert _resumed(load_config("lab", calib), dict(state), print) == (0.97, {}, {"tis": 1.0}, [record])
     moved = load_config("lab", [*calib, "rollout.quant=nvfp4_w4a4"])
     assert _resumed(moved, dict(state), print) == (None, {}, {"ais": 1.0}, [])  # before: all three carried over
+    # an older checkpoint kept every calibration, one that measured nothing (reference norm 0) too: left out on resume
+    blank = {**record, "calib_ref_norm": 0.0}
+    assert _resumed(load_config("lab", calib), {**state, "calibrations": [blank, record]}, print)[3] == [record]
+    # the stored pick (a name, before mixtures) is kept while the run calibrates; a branch without calibration trains
+    # with the correction it names
+    assert _resumed(load_config("lab", calib), {**state, "end_point": "tis"}, print)[2] == {"tis": 1.0}
+    plain = [*TINY, "rollout.quant=fp8_e4m3_w8a8", "correction.name=ais", "correction.ema=0.5"]
+    assert _resumed(load_config("lab", plain), dict(state), print)[2] == {"ais": 1.0}
 
 
 def test_a_pinned_alpha_runs_ais_as_the_chosen_point_between_none_and_tis(tmp_path, monkeypatch):
     # a reward that varies, so the update is not zero; FP8 rollouts put w != 1 on nearly every token
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     base = [*TINY, "max_steps=1", "rollout.quant=fp8_e4m3_w8a8"]
 
     def step(name, *extra):
@@ -645,7 +653,7 @@ def test_a_pinned_alpha_runs_ais_as_the_chosen_point_between_none_and_tis(tmp_pa
 
 
 def test_correction_options_reach_the_correction(tmp_path, monkeypatch):
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     # icepop's band from correction.options: a band no FP8 token weight falls outside masks nothing, one that every
     # weight off 1 falls outside masks almost all; on this model every FP8 weight lies in the default [0.5, 2]
     base = [*TINY, "max_steps=1", "rollout.quant=fp8_e4m3_w8a8", "correction.name=icepop"]
@@ -679,7 +687,7 @@ def test_unscaled_advantages_keep_the_reward_scale(tmp_path, monkeypatch):
 
 
 def test_bypass_trains_on_the_rollout_log_probs(tmp_path, monkeypatch):
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     base = [*TINY, "max_steps=1", "rollout.quant=fp8_e4m3_w8a8", "correction.name=tis"]
     for bypass in (False, True):
         train(load_config("lab", [*base, f"correction.bypass={bypass}", f"output_dir={tmp_path / str(bypass)}"]),
@@ -693,7 +701,7 @@ def test_bypass_trains_on_the_rollout_log_probs(tmp_path, monkeypatch):
 
 
 def test_kl_to_a_frozen_copy_of_the_starting_model(tmp_path, monkeypatch):
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     train(load_config("lab", [*TINY, "max_steps=3", "kl_coef=0.1", f"output_dir={tmp_path}"]), log=lambda _: None)
     first, *later = rows(tmp_path)
     assert abs(first["kl_ref"]) < 1e-6  # the first step samples the reference itself
@@ -709,7 +717,7 @@ def test_kl_to_a_frozen_copy_of_the_starting_model(tmp_path, monkeypatch):
 def test_a_batch_with_no_scored_token_stays_out_of_the_alpha_ema_and_the_guard_baseline(tmp_path, monkeypatch):
     import aisrl.trainer
 
-    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Arithmetic.reward", varying_reward)
     real = aisrl.trainer._score_at
 
     def nan_at_step_2(policy, model, rows, step, precision="fp32"):

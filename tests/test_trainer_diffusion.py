@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import overriding
+from conftest import overriding, varying_reward
 
 from aisrl.cli import main
 
@@ -16,7 +16,7 @@ TINY = ["model.kind=diffusion", "lab.task=sudoku4", "lab.hidden=32", "lab.layers
 def setup(tmp_path, monkeypatch):
     monkeypatch.setenv("AISRL_CACHE", str(tmp_path / "cache"))
     # an untrained policy never solves a Sudoku: a reward that varies with the text gives real gradients
-    monkeypatch.setattr("aisrl.tasks.Sudoku4.reward", lambda self, text, p: (float(len(text) % 3), False))
+    monkeypatch.setattr("aisrl.tasks.Sudoku4.reward", varying_reward)
 
 
 def rows(out):
