@@ -189,7 +189,7 @@ def _is_override(arg: str) -> bool:
 
     from aisrl.config import is_file
 
-    key = arg.split("=", 1)[0].strip()  # as apply_overrides reads it: " run =r" is an override, not a preset
+    key = override_key(arg)  # as apply_overrides reads it: " run =r" is an override, not a preset
     return "=" in arg and not is_file(arg) and re.fullmatch(r"[A-Za-z_][\w.]*", key) is not None
 
 
