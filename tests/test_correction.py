@@ -581,3 +581,32 @@ def test_clip_fractions_count_every_valid_token_and_the_ais_flag_sees_its_floor(
     for name in ("tis", "ais"):
         res = correct(name, low, torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool), cap=2.0, floor=0.5)
         assert res.metrics["clip_frac_token"].item() == 0.5, name
+
+
+def test_bands_and_thresholds_at_their_exact_bounds():
+    """The documented inequalities hold at equality: a band [low, high] is closed, a veto drops w < v (strictly),
+    a KL rejection keeps |k| <= threshold. Bounds are e^x with log(e^x) == x in float64 for x = +-0.5 and -1, and
+    the rules decide on the float64 log-ratio, so a token sits exactly on a bound (found by mutation testing)."""
+    assert math.log(math.exp(0.5)) == 0.5 and math.log(math.exp(-0.5)) == -0.5 and math.log(math.exp(-1.0)) == -1.0
+    step = 2.0**-20  # a log-ratio step FP32 holds exactly near 0.5 and 1
+    low, high = math.exp(-0.5), math.exp(0.5)
+    old = torch.tensor([[-0.5, 0.5, -0.5 - step, 0.5 + step]])
+    roll, ones = torch.zeros(1, 4), torch.ones(1, 4, dtype=torch.bool)
+    assert correct("icepop", old, roll, ones, low=low, high=high).mask.tolist() == [[True, True, False, False]]
+    # sequence bands: a log weight summing exactly to log(high) or log(low) is kept, a step past it is not
+    for total, kept in ((0.5, True), (-0.5, True), (0.5 + step, False), (-0.5 - step, False)):
+        one = torch.tensor([[total, 0.0]])
+        got = correct("seq_mask", one, torch.zeros(1, 2), ones[:, :2], low=low, high=high).mask.tolist()
+        assert got == [[kept, kept]], total
+    # a veto at v = e^-1 keeps a token of w = e^-1 and drops one of w just below, as a rule and around a correction
+    for lr, vetoed in ((-1.0, False), (-1.0 - step, True)):
+        one = torch.tensor([[lr, 0.0]])
+        assert correct("veto", one, torch.zeros(1, 2), ones[:, :2], threshold=math.exp(-1.0)).mask.tolist() == [
+            [not vetoed] * 2], lr
+        r = correct("tis", one, torch.zeros(1, 2), ones[:, :2], veto=math.exp(-1.0))
+        assert r.metrics["veto_frac_seq"].item() == float(vetoed), lr
+    # a token KL of exactly the threshold is kept: k1 = |-d| = 0.5, k2 = d^2 / 2 = 0.125 at d = -0.5
+    for est, thr in (("k1", 0.5), ("k2", 0.125)):
+        kept = correct(f"{est}_reject", torch.tensor([[-0.5]]), torch.zeros(1, 1), ones[:, :1], threshold=thr,
+                       level="token").mask  # fmt: skip
+        assert kept.tolist() == [[True]], est

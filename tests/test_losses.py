@@ -332,3 +332,18 @@ def test_surrogate_edge_cases_by_hand():
     loss, _ = grpo_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([1.0]), torch.tensor([[True, False]]),
                         weights=torch.tensor([[2.0, float("nan")]]))  # fmt: skip
     assert loss.item() == -2.0
+
+
+def test_clip_flags_are_off_at_equality():
+    """A clip that changes nothing is not counted active: at r = 1 with clip (0, 0) the clipped and unclipped
+    terms are equal; at r = 2 exactly (exp of FP32 log 2) with A = -1/2 the loss -A r = 1 equals the dual clip's
+    bound -A c = 1 for c = 2, and is bounded (flagged) for c = 1.5 (found by mutation testing)."""
+    one = torch.ones(1, 1, dtype=torch.bool)
+    _, m = grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.tensor([1.0]), one, clip=(0.0, 0.0))
+    assert m["pg_clip_frac"].item() == 0.0
+    logp = torch.tensor([[math.log(2.0)]])
+    assert logp.exp().item() == 2.0
+    for c, flagged, loss_value in ((2.0, 0.0, 1.0), (1.5, 1.0, 0.75)):
+        loss, m = grpo_loss(logp, torch.zeros(1, 1), torch.tensor([-0.5]), one, clip=(0.2, 0.2), dual_clip=c)
+        assert m["pg_dual_clip_frac"].item() == flagged, c
+        assert loss.item() == pytest.approx(loss_value), c
