@@ -205,7 +205,17 @@ def _refuse_repeated_keys(args) -> None:
     from aisrl.config import check_once
 
     preset = getattr(args, "preset", None)
-    check_once([*([preset] if preset and _is_override(preset) else []), *(getattr(args, "overrides", None) or [])])
+    items = [*([preset] if preset and _is_override(preset) else []), *(getattr(args, "overrides", None) or [])]
+    check_once(items)
+    # a setting given both as an argument and as a key: which one was meant? (the key won in some commands, the
+    # argument in others)
+    keys = {override_key(item): item for item in items if "=" in item}
+    if args.func in (_compare, _branch) and preset and not _is_override(preset) and "preset" in keys:
+        raise ValueError(f"the preset is given twice, {preset!r} and {keys['preset']}; give one")
+    if args.func is _mismatch:
+        for name in ("model", "formats", "task", "preset"):
+            if getattr(args, name) is not None and name in keys:
+                raise ValueError(f"{name} is given twice, --{name} {getattr(args, name)} and {keys[name]}; give one")
 
 
 def _keys_help(cls, note: str) -> str:

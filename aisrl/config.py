@@ -158,8 +158,8 @@ def apply_overrides(cfg, overrides: list[str]):
 
 def apply_mapping(cfg, data: dict, prefix: str = ""):
     """Apply a nested mapping (a YAML preset) to a dataclass instance in place; returns it. Values keep the
-    types YAML gave them and are checked like overrides; a numeric string such as YAML's `1e-4` (which YAML
-    1.1 reads as text) is accepted where a float is expected."""
+    types YAML gave them and are checked like overrides; a numeric string such as `'1e-4'` is accepted where a
+    float, and no text, is expected."""
     if not isinstance(data, dict):
         raise ValueError(f"config section {prefix.rstrip('.') or '<top>'!r} must be a mapping, got {data!r}")
     hints = typing.get_type_hints(type(cfg))
@@ -176,26 +176,11 @@ def apply_mapping(cfg, data: dict, prefix: str = ""):
     return cfg
 
 
-_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-"""A float YAML 1.1 reads as text (no dot before the exponent, or no sign after it): `1e-4`, `5e3`."""
-
-
-def _free_floats(value):
-    """A free value (an item of task_options, say) with each string written as an exponent made a float, however
-    deep in mappings and lists: YAML 1.1 leaves `1e-5` text at any depth, where the command line gives a float."""
-    if isinstance(value, dict):
-        return {k: _free_floats(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_free_floats(v) for v in value]
-    return float(value) if isinstance(value, str) and _EXPONENT.fullmatch(value) else value
-
-
 def _float_text(value, typ):
-    """`value` with each string that spells a float made one where `typ` takes floats but not strings (YAML 1.1
-    reads `1e-4` as text), inside lists and tuples too; in a mapping of free values (task_options, say), each
-    value written as such an exponent."""
-    if isinstance(value, dict) and (typing.get_origin(typ) or typ) is dict:
-        return _free_floats(value)
+    """`value` with each string that spells a float made one where `typ` takes floats but not strings (a quoted
+    `'1e-4'`, or YAML 1.1's reading of `1e-4` as text), inside lists and tuples too. A mapping of free values
+    (task_options, say) keeps its text: there a string is what the user wrote (the preset loader reads unquoted
+    exponents as floats, as the command line does)."""
     options = typing.get_args(typ) if typing.get_origin(typ) in (typing.Union, types.UnionType) else (typ,)
     if isinstance(value, (list, tuple)):
         for opt in options:

@@ -222,20 +222,20 @@ class TrainConfig:
     lora: LoraSettings = field(default_factory=LoraSettings)
 
 
-def _read_preset(path: Path):
-    """A preset file's data: JSON (a run's recorded config.json) read exactly, YAML through a safe loader that
-    refuses a key given twice in one mapping (plain safe_load keeps the last silently)."""
-    import yaml
+_YAML_INT = r"^[-+]?(?:0|[1-9][0-9_]*|0x[0-9a-fA-F_]+)$"
+"""Integers as the command line reads them: decimal (`1_000`) or hex, not YAML 1.1's octal `010` (8) or base-60 `1:30`
+(90), which the command line refuses."""
+_YAML_FLOAT = (r"^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+"""Floats as YAML 1.2 and the command line read them: `1e-4` too, which YAML 1.1 leaves text."""
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): save it as UTF-8") from e
-    if path.suffix == ".json":
-        try:
-            return json.loads(text) or {}
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON: {e}") from e
+
+def _yaml_loader(path: Path):
+    """A yaml.SafeLoader that reads numbers as the command line does (`_YAML_INT`, `_YAML_FLOAT`; text in quotes
+    stays text at any depth) and refuses a key given twice in one mapping (plain safe_load keeps the last)."""
+    import re
+
+    import yaml
 
     class UniqueKeys(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
@@ -252,8 +252,31 @@ def _read_preset(path: Path):
                 seen.add(key)
             return super().construct_mapping(node, deep=deep)
 
+    numbers = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+    UniqueKeys.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in numbers]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    UniqueKeys.add_implicit_resolver(numbers[0], re.compile(_YAML_INT), list("-+0123456789"))
+    UniqueKeys.add_implicit_resolver(numbers[1], re.compile(_YAML_FLOAT), list("-+0123456789."))
+    return UniqueKeys
+
+
+def _read_preset(path: Path):
+    """A preset file's data: JSON (a run's recorded config.json) read exactly, YAML through `_yaml_loader`."""
+    import yaml
+
     try:
-        return yaml.load(text, Loader=UniqueKeys) or {}  # noqa: S506 - a SafeLoader subclass
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): save it as UTF-8") from e
+    if path.suffix == ".json":
+        try:
+            return json.loads(text) or {}
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from e
+    try:
+        return yaml.load(text, Loader=_yaml_loader(path)) or {}  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         raise ValueError(f"{path} is not valid YAML: {e}") from e
 

@@ -43,6 +43,32 @@ def test_a_key_given_twice_is_refused_before_anything_runs(tmp_path, capsys):
     assert not any(tmp_path.iterdir())
 
 
+def test_a_setting_given_as_an_argument_and_as_a_key_is_refused(tmp_path, capsys, monkeypatch):
+    """Before, compare took the key, branch the argument and mismatch the key, each without a word (found by
+    review)."""
+    import aisrl.branch
+    import aisrl.compare
+    import aisrl.doctor
+
+    def ran(*a, **k):
+        raise AssertionError("the command ran")
+
+    for module, name in ((aisrl.compare, "run_study"), (aisrl.branch, "run_branches"), (aisrl.doctor, "main")):
+        monkeypatch.setattr(module, name, ran)
+    for argv, message in (
+            (["compare", "lab", "preset=lab_columns"], "the preset is given twice, 'lab' and preset=lab_columns"),
+            (["branch", "lab", "run=x", "step=3", "preset=lab_columns"], "the preset is given twice, 'lab'"),
+            (["mismatch", "--model", "tiny-llama", "model=smollm2"], "model is given twice, --model tiny-llama and "
+                                                                     "model=smollm2"),
+            (["mismatch", "--formats", "int4", "formats=[mxfp4]"], "formats is given twice"),
+            (["mismatch", "--preset", "lab", "preset=lab_columns"], "preset is given twice"),
+            (["mismatch", "--task", "countdown", "task=arithmetic"], "task is given twice")):  # fmt: skip
+        assert main([*argv, f"out={tmp_path / 'o'}"] if argv[0] != "mismatch" else argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and "give one" in err and "Traceback" not in err, err
+    assert not any(tmp_path.iterdir())
+
+
 def test_the_main_job_is_one_preset_everywhere():
     """`make run`, the README and `aisrl train` with no preset all mean DEFAULT_PRESET; a first argument that is
     an override is not taken for a preset."""

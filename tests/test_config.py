@@ -123,7 +123,7 @@ def test_yaml_mappings_keep_their_types_and_are_checked_like_overrides(tmp_path)
                           ("rollout: 3", "section 'rollout' must be a mapping"),
                           ("rollout: {quantt: none}", "unknown config key 'rollout.quantt'"),
                           ("seed: 1.5", "'seed' expects int"),
-                          ("lab: {target: [4e-1, 9e-1, 1e-1]}", r"'lab.target' expects .* got \[0.4, 0.9, '1e-1'\]"),
+                          ("lab: {target: [4e-1, 9e-1, 1e-1]}", r"'lab.target' expects .* got \[0.4, 0.9, 0.1\]"),
                           ("lab: {target: [4e-1, abc]}", "'lab.target' expects"),
                           ("seed: 1\nlr: 0.1\nseed: 2", r"key 'seed' is given twice \(line 3\); keep one"),
                           ("lab: {ops: '+', ops: '-'}", "key 'ops' is given twice")]:  # fmt: skip
@@ -273,9 +273,10 @@ def test_override_text_is_read_as_a_user_would_write_it():
 def test_mappings_read_exponents_where_a_float_goes_and_name_a_bad_section():
     from aisrl.train_config import TrainConfig
 
-    assert apply_mapping(Wide(), {"extra": {"t": "1E-3"}}).extra == {"t": 0.001}
-    assert apply_mapping(Wide(), {"extra": {"t": {"u": "1e-5"}, "v": ["1e-3", "x"]}}).extra == {
-        "t": {"u": 1e-5}, "v": [0.001, "x"]}  # fmt: skip  (before: text below the first level)
+    assert apply_mapping(Cfg(), {"opt": "1E-3"}).opt == 0.001  # a float field takes a float written as text
+    # free values keep their text at any depth: '1e5' may be a tag, and a run's config.json must read back exactly
+    free = {"t": "1E-3", "u": {"v": "1e-5"}, "w": ["1e-3", "x"]}
+    assert apply_mapping(Wide(), {"extra": free}).extra == free
     assert apply_mapping(Wide(), {"either": "1e-3"}).either == "1e-3"  # text is one of its types: kept
     with pytest.raises(ValueError, match=r"config section 'rollout' must be a mapping, got \[1\]"):
         apply_mapping(TrainConfig(), {"rollout": [1]})

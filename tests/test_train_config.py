@@ -1,6 +1,8 @@
 """The training config's loading and derived settings: presets and YAML files, the device, the task's and the
 correction's options (cases by hand, each one a slip in aisrl.train_config that other tests let pass)."""
 
+import json
+
 import pytest
 import torch
 
@@ -16,6 +18,30 @@ def test_an_unknown_preset_is_not_called_a_run_folder_and_a_yaml_key_must_be_a_n
         load_config(str(tmp_path / "u.yaml"))
     (tmp_path / "v.yaml").write_text("task: countdown\ntask_options: {x: {y: 1e-5}, z: [1e-3]}\n")
     assert load_config(str(tmp_path / "v.yaml")).task_options == {"x": {"y": 1e-5}, "z": [0.001]}  # as the CLI
+
+
+def test_presets_read_numbers_as_the_command_line_does_and_a_recorded_config_reads_back_exactly(tmp_path):
+    """YAML 1.1 would read `seed: 010` as 8 and `1:30` as 90, where the command line refuses both; it left `1e-5`
+    text, and the old cure made every exponent-like text a float, so a recorded `{'tag': '1e5'}` read back as
+    100000.0 and a resume was refused as a changed config (found by review)."""
+    from dataclasses import asdict
+
+    from aisrl.checkpoint import config_changes
+
+    for text, message in (("seed: 010", "'seed' expects int, got '010'"), ("max_steps: 1:30", "got '1:30'")):
+        (tmp_path / "p.yaml").write_text(text + "\n")
+        with pytest.raises(ValueError, match=message):
+            load_config(str(tmp_path / "p.yaml"))
+        with pytest.raises(ValueError, match=message.split(",")[0]):
+            load_config(None, [text.replace(": ", "=")])
+    (tmp_path / "p.yaml").write_text("seed: 1_000\nlr: 5e-4\nmax_steps: 0x10\ntask_options: {a: '1e5', b: 2e3}\n")
+    cfg = load_config(str(tmp_path / "p.yaml"))
+    assert (cfg.seed, cfg.lr, cfg.max_steps, cfg.task_options) == (1000, 5e-4, 16, {"a": "1e5", "b": 2000.0})
+    given = load_config(None, ["task_options={'tag': '1e5', 'lr': 1e-5}"])
+    (tmp_path / "config.json").write_text(json.dumps(asdict(given)))
+    back = load_config(str(tmp_path / "config.json"))
+    assert back.task_options == {"tag": "1e5", "lr": 1e-5}
+    assert config_changes(asdict(given), asdict(back)) == []
 
 
 def test_devices_are_cpu_or_cuda_and_cuda_names_its_index(monkeypatch):
