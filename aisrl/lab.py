@@ -136,13 +136,15 @@ def check_lab(cfg: LabConfig) -> None:
                              "lab.ops, more lab.sudoku_holes)") from None  # fmt: skip
 
 
+TASK_OPTIONS = {"arithmetic": {"max_operand": "max_operand", "ops": "ops", "trace": "trace"},
+                "sudoku4": {"sudoku_holes": "holes"}}
+"""lab.task -> {the lab.* key it reads: the task's option}; the other lab tasks read none of these keys."""
+
+
 def lab_task(cfg: LabConfig, lenient: bool = False):
     """The lab's task (`lab.task` with its lab.* options); `lenient`: the run's lenient_reward (aisrl.tasks.Task)."""
-    if cfg.task == "arithmetic":
-        return make_task(cfg.task, lenient, max_operand=cfg.max_operand, ops=cfg.ops, trace=cfg.trace)
-    if cfg.task == "sudoku4":
-        return make_task(cfg.task, lenient, holes=cfg.sudoku_holes)
-    return make_task(cfg.task, lenient)
+    options = {option: getattr(cfg, key) for key, option in TASK_OPTIONS.get(cfg.task, {}).items()}
+    return make_task(cfg.task, lenient, **options)
 
 
 def _cache_dir(cfg, kind: str = "lab") -> Path:
