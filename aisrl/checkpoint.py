@@ -262,7 +262,8 @@ def save_checkpoint(output_dir, step: int, model, optimizer, extra: dict, keep: 
     later = [p for p in others if int(p.name[5:]) > step]  # an abandoned start's (`latest` deleted, or moved back)
     earlier = [p for p in others if int(p.name[5:]) < step]
     stale = earlier[: max(len(earlier) - (keep - 1), 0)] if keep > 0 else []  # keep this one and keep - 1 before it
-    for old in later + stale:  # (keep 0: every one)
+    left = list(root.glob(".tmp_step_*"))  # an earlier save cut short (a crash, a full disk) at a step not saved since
+    for old in later + stale + left:  # (keep 0: every one)
         shutil.rmtree(old, ignore_errors=True)
     return final
 

@@ -159,7 +159,9 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
     record_config(out, dataclasses.asdict(cfg), write=rank == 0 and start < cfg.max_steps, defaults=defaults)
     metrics_path = out / "metrics.jsonl"
     if rank == 0:
-        rows = [r for r in read_jsonl(metrics_path) if r["step"] <= start]  # drop rows of steps after the checkpoint
+        # drop rows of steps after the checkpoint; a fresh start keeps none, and so reads none (a damaged file of
+        # an abandoned start does not stop it)
+        rows = [r for r in read_jsonl(metrics_path) if r["step"] <= start] if start else []
         atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
     if start >= cfg.max_steps:
         log(f"{out} is already at step {start} (max_steps={cfg.max_steps}); nothing to train")

@@ -151,6 +151,24 @@ def test_pruning_keeps_this_runs_previous_checkpoint_and_drops_an_abandoned_star
     assert names() == ["step_1000000", "step_1000001", "step_1000002"]
 
 
+def test_a_save_cut_short_at_another_step_leaves_nothing_behind(tmp_path, monkeypatch):
+    """A save that dies mid-write leaves `.tmp_step_N` (a model's size); the next save clears it even when step N is
+    never saved again (before: only a save of the same step did, found by review)."""
+    from aisrl.checkpoint import latest_step, save_checkpoint
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    save_checkpoint(tmp_path, 2, model, opt, {})
+    monkeypatch.setattr(torch, "save", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(tmp_path, 4, model, opt, {})
+    monkeypatch.undo()
+    root = tmp_path / "checkpoints"
+    assert (root / ".tmp_step_000004").is_dir() and latest_step(tmp_path) == 2  # the pointer never moved
+    save_checkpoint(tmp_path, 3, model, opt, {})  # a resume from step 2 that checkpoints at other steps
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000002", "step_000003"]
+
+
 def test_a_run_keeps_the_checkpoints_it_is_told_to(tmp_path, monkeypatch):
     from conftest import TINY_LAB
 

@@ -85,6 +85,18 @@ def test_the_last_step_is_evaluated_whatever_eval_every(tmp_path):
     assert "eval_accuracy" in row and "fit_accuracy" in row and "eval_accuracy_start" in row
 
 
+def test_a_fresh_start_is_not_stopped_by_a_damaged_metrics_file_it_replaces(tmp_path):
+    """No checkpoint: every old row is dropped, so a bad line among them is no reason to refuse (before: an error
+    telling to remove the line 'to resume', found by review); a resume still refuses one it would keep."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "re\n{"step": 3}\n')
+    train(load_config("lab", [*TINY, "max_steps=1", "checkpoint_every=1", f"output_dir={tmp_path}"]), log=quiet)
+    assert [r["step"] for r in rows(tmp_path)] == [1]
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 2, "re\n{"step": 3}\n')
+    with pytest.raises(ValueError, match="metrics.jsonl line 2 is not JSON"):
+        train(load_config("lab", [*TINY, "max_steps=2", "checkpoint_every=1", f"output_dir={tmp_path}"]), log=quiet)
+
+
 @pytest.mark.parametrize("which", ["train", "test"])
 def test_fit_accuracy_is_over_training_problems_and_eval_accuracy_over_held_out_ones(tmp_path, monkeypatch, which):
     # a reward that is correct exactly on one split's problems: the training pool is task.problems("train", 64,
