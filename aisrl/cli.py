@@ -190,7 +190,8 @@ def _is_override(arg: str) -> bool:
     from aisrl.config import is_file
 
     key = override_key(arg)  # as apply_overrides reads it: " run =r" is an override, not a preset
-    return "=" in arg and not is_file(arg) and re.fullmatch(r"[A-Za-z_][\w.]*", key) is not None
+    # a key may be misspelt with a dash (`max-steps=3`): still an override, refused as an unknown key by name
+    return "=" in arg and not is_file(arg) and re.fullmatch(r"[A-Za-z_][\w.-]*", key) is not None
 
 
 def _preset_and_overrides(args) -> tuple[str | None, list[str]]:

@@ -16,14 +16,34 @@ import types
 import typing
 from pathlib import Path
 
+_WORDS = {"true": True, "false": False, "none": None, "null": None}
+"""Words read as values in any case, alone or inside a literal (`{'a': true}`), as YAML and JSON write them."""
+
+
+class _Words(ast.NodeTransformer):
+    def visit_Name(self, node):
+        return ast.Constant(_WORDS[node.id.lower()]) if node.id.lower() in _WORDS else node
+
+
+def _has_comment(text: str) -> bool:
+    """Whether Python would read part of `text` as a comment (`1e-5#c`: the shell passes `#` on mid-word)."""
+    import io
+    import tokenize
+
+    try:
+        return any(t.type == tokenize.COMMENT for t in tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return False
+
 
 def _parse(text: str):
-    lowered = {"true": True, "false": False, "none": None, "null": None}
-    if text.lower() in lowered:
-        return lowered[text.lower()]
+    if text.lower() in _WORDS:
+        return _WORDS[text.lower()]
+    if _has_comment(text):
+        return text  # text, so the type check names the key, rather than a value with its tail dropped
     try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+        return ast.literal_eval(_Words().visit(ast.parse(text.strip(), mode="eval")))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return text  # a bare string
 
 
@@ -144,14 +164,19 @@ def apply_overrides(cfg, overrides: list[str]):
         key, text = item.split("=", 1)
         *path, last = override_key(item).split(".")
         target = cfg
-        for part in path:
-            target = _field_value(target, part, key)
+        for i, part in enumerate([*path, last]):
+            if isinstance(target, dict):  # task_options.max_operand=5
+                whole = ".".join(path[:i])
+                raise ValueError(f"config key {key!r}: {whole} is a mapping, given whole: "
+                                 f"\"{whole}={{'{part}': ...}}\"")  # fmt: skip
+            if i < len(path):
+                target = _field_value(target, part, key)
         if not dataclasses.is_dataclass(target):
             raise ValueError(f"config key {key!r}: the part before {last!r} is a value, not a section")
         hints = typing.get_type_hints(type(target))
         if last not in hints or last not in {f.name for f in dataclasses.fields(target)}:
             valid = sorted(f.name for f in dataclasses.fields(target))
-            raise ValueError(f"unknown config key {key!r}; valid keys here: {valid}")
+            raise ValueError(f"unknown config key {key!r}{_did_you_mean(last, valid)}; valid keys here: {valid}")
         setattr(target, last, _from_text(key, text.strip(), hints[last]))
     return cfg
 
@@ -167,7 +192,8 @@ def apply_mapping(cfg, data: dict, prefix: str = ""):
     for name, value in data.items():
         key = f"{prefix}{name}"
         if name not in names:
-            raise ValueError(f"unknown config key {key!r}; valid keys here: {sorted(names)}")
+            raise ValueError(f"unknown config key {key!r}{_did_you_mean(name, names)}; valid keys here: "
+                             f"{sorted(names)}")  # fmt: skip
         typ = hints[name]
         if dataclasses.is_dataclass(typ):
             apply_mapping(getattr(cfg, name), value, f"{key}.")
@@ -220,6 +246,8 @@ def _top_level_items(key: str, text: str) -> list[str]:
     return [*items, text[start:]]
 
 
+MAX_SPAN = 100_000
+"""The most values a span `[a,...,b]` gives."""
 _SPAN = re.compile(r"\[\s*(-?\d+)\s*,\s*\.\.\.\s*,\s*(-?\d+)\s*\]")  # [a,...,b] in a list of integers
 
 
@@ -235,6 +263,9 @@ def _from_text(key: str, text: str, typ):
         first, last = int(span[1]), int(span[2])
         if last < first:
             raise ValueError(f"config key {key!r}: [{first},...,{last}] runs backwards; write [{last},...,{first}]")
+        if last - first >= MAX_SPAN:  # a slipped digit would fill the memory before any check
+            raise ValueError(f"config key {key!r}: [{first},...,{last}] holds {last - first + 1} values, past the "
+                             f"{MAX_SPAN} a span may give; check the numbers")  # fmt: skip
         return list(range(first, last + 1))
     if origin in (list, tuple) and text.startswith("[") and text.endswith("]"):
         try:
@@ -252,10 +283,19 @@ def _from_text(key: str, text: str, typ):
     return _check(key, _parse(text), typ)
 
 
+def _did_you_mean(name, names) -> str:
+    """" (did you mean 'max_steps'?)" for a near miss (`max-steps`, `max_step`), else ""."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), [str(n) for n in names], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _field_value(obj, part: str, key: str):
     if not dataclasses.is_dataclass(obj):
         raise ValueError(f"config key {key!r}: the part before {part!r} is a value, not a section")
     names = {f.name for f in dataclasses.fields(obj)}
     if part not in names:
-        raise ValueError(f"unknown config key {key!r}: {part!r} is not one of {sorted(names)}")
+        raise ValueError(f"unknown config key {key!r}: {part!r}{_did_you_mean(part, names)} is not one of "
+                         f"{sorted(names)}")  # fmt: skip
     return getattr(obj, part)

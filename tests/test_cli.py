@@ -21,6 +21,9 @@ def test_bad_override_is_one_clear_line(capsys):
     assert main(["bench", "estimator", "batchez=3"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("aisrl: error: unknown config key 'batchez'") and "Traceback" not in err
+    # a key with a dash first: an override refused by name (before: an unknown preset 'max-steps=3')
+    assert main(["train", "max-steps=3"]) == 2
+    assert "unknown config key 'max-steps' (did you mean 'max_steps'?)" in capsys.readouterr().err
 
 
 def test_a_key_given_twice_is_refused_before_anything_runs(tmp_path, capsys):

@@ -33,7 +33,8 @@ def test_typed_overrides():
 @pytest.mark.parametrize(
     "item,message",
     [
-        ("sed=1", r"unknown config key 'sed'; valid keys here: \['flag', 'inner', 'opt', 'seed', 'steps'\]"),
+        ("sed=1", r"unknown config key 'sed' \(did you mean 'seed'\?\); valid keys here: "
+                  r"\['flag', 'inner', 'opt', 'seed', 'steps'\]"),
         ("inner.capp=1", r"unknown config key 'inner.capp'"),
         ("nope.cap=1", r"'nope' is not one of"),
         ("seed=ten", r"config key 'seed' expects int, got 'ten'"),
@@ -301,3 +302,23 @@ def test_option_checks_and_field_docs_by_hand():
         mid: Mid = field(default_factory=Mid)
 
     assert list(field_docs(Outer)) == ["mid.inner.cap", "mid.inner.name"]
+
+
+def test_override_text_a_user_might_type_is_read_or_refused_by_name():
+    """Cases found by review: JSON's words inside a literal, a `#` the shell passes on, a span with a slipped digit,
+    a dotted key into a mapping, a near-miss key."""
+    cfg = apply_overrides(Wide(), ["extra={'a': true, 'b': [null, FALSE], 'c': 'true'}"])
+    assert cfg.extra == {"a": True, "b": [None, False], "c": "true"}  # text in quotes stays text
+    for item, message in [
+            ("opt=1e-5#c", r"config key 'opt' expects .*got '1e-5#c'"),  # before: 1e-05, the tail dropped
+            ("seed=3 # three", "config key 'seed' expects int, got '3 # three'"),
+            ("seeds=[0,...,100000]", r"'seeds': \[0,...,100000\] holds 100001 values, past the 100000 a span may give"),
+            ("extra.a=1", "config key 'extra.a': extra is a mapping, given whole: \"extra={'a': ...}\""),
+            ("extra.a.b=1", "extra is a mapping, given whole: \"extra={'a': ...}\""),
+            ("sed=1", r"unknown config key 'sed' \(did you mean 'seed'\?\)"),
+            ("innr.cap=1", r"'innr' \(did you mean 'inner'\?\) is not one of")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            apply_overrides(Wide(), [item])
+    assert apply_overrides(Wide(), ["seeds=[1,...,100000]"]).seeds[-1] == 100000  # the most a span gives
+    assert apply_overrides(Wide(), ["label=a#b"]).label == "a#b"  # text may hold '#'
+    assert apply_overrides(Wide(), ["extra={'tag': 'a#b'}"]).extra == {"tag": "a#b"}
