@@ -11,7 +11,7 @@ from pathlib import Path
 
 from aisrl.calibrate import RULES, check_candidates, check_mixable
 from aisrl.correction import CORRECTIONS, check_options
-from aisrl.lab import TASK_OPTIONS, LabConfig, check_lab
+from aisrl.lab import check_lab
 from aisrl.losses import AGGREGATIONS, LOSSES
 from aisrl.models import TINY
 from aisrl.quant import PRESETS
@@ -19,8 +19,6 @@ from aisrl.rollout import SamplingParams
 from aisrl.tasks import check_task
 from aisrl.train_config import (
     PRECISIONS,
-    DiffusionSettings,
-    LoraSettings,
     TrainConfig,
     correction_options,
     diffusion_params,
@@ -61,7 +59,6 @@ def validate(cfg: TrainConfig, output: str | None = "output_dir") -> None:
     _check_schedule(cfg, output)
     _check_lora(cfg)
     _check_task(cfg)
-    _check_unused(cfg)
 
 
 def _check_correction(cfg: TrainConfig) -> None:
@@ -272,32 +269,3 @@ def _check_task(cfg: TrainConfig) -> None:
         except ValueError as e:
             raise ValueError(f"rollout settings: {e}") from e
 
-
-def _check_unused(cfg: TrainConfig) -> None:
-    """Keys this run would ignore, set anyway (a typo of intent: `lab.max_operand=50` for smollm2, `lora.targets=`
-    without `lora.r`), are refused: they would change nothing but the record, and a lab's warm-start cache key."""
-
-    def changed(section: str, given, default, keys=None) -> list[str]:
-        keys = keys or [k for k in vars(default) if k != "r"]
-        return [f"{section}.{k}={getattr(given, k)!r}" for k in keys if getattr(given, k) != getattr(default, k)]
-
-    found = []
-    if cfg.model.name != "lab":
-        found.append((changed("lab", cfg.lab, LabConfig()), f"they set up model.name=lab; {cfg.model.name!r} "
-                                                            "ignores them"))  # fmt: skip
-    else:
-        reads = TASK_OPTIONS.get(cfg.lab.task, {})
-        unread = [k for k in {k for options in TASK_OPTIONS.values() for k in options} if k not in reads]
-        own = f"it reads {', '.join(f'lab.{k}' for k in reads)}" if reads else "it takes no lab.* task options"
-        found.append((changed("lab", cfg.lab, LabConfig(), sorted(unread)), f"lab.task={cfg.lab.task!r} does not "
-                                                                            f"read them ({own})"))  # fmt: skip
-    if cfg.model.kind != "diffusion":
-        found.append((changed("diffusion", cfg.diffusion, DiffusionSettings()), "they set up model.kind=diffusion; a "
-                                                                              "causal model ignores them"))  # fmt: skip
-    if cfg.lora.r == 0:
-        found.append((changed("lora", cfg.lora, LoraSettings()), "they shape the adapters of lora.r > 0; lora.r=0 "
-                                                                "trains every weight"))  # fmt: skip
-    for keys, why in found:
-        if keys:
-            raise ValueError(f"{', '.join(keys)} would change nothing: {why}. Drop them (for a run that recorded "
-                             "them, from its config.json too: they never took effect)")  # fmt: skip

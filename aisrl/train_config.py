@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from aisrl.config import apply_mapping, apply_overrides, is_file
+from aisrl.config import apply_mapping, apply_overrides, is_file, override_key
 from aisrl.correction import options_of
-from aisrl.lab import LabConfig
+from aisrl.lab import TASK_OPTIONS, LabConfig
 from aisrl.quant import quant_config
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -302,7 +302,29 @@ def load_config(preset: str | None = None, overrides: list[str] | None = None) -
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from e
     apply_overrides(cfg, overrides or [])
+    _refuse_unread(cfg, [override_key(o) for o in overrides or []])
     return cfg
+
+
+def _refuse_unread(cfg: TrainConfig, typed: list[str]) -> None:
+    """A key typed for this run that the run would not read (`lab.max_operand=50` for smollm2, `lora.targets=[...]`
+    without lora.r) is refused: it would change nothing but the record. Only typed keys: a preset's own (the default
+    preset's lab.* under `model.name=smollm2`) are settings of another model, not a slip."""
+    reads = [f"lab.{k}" for k in TASK_OPTIONS.get(cfg.lab.task, {})]
+    task_keys = {f"lab.{k}" for options in TASK_OPTIONS.values() for k in options}
+    rules = (
+        (lambda k: k.startswith("lab.") and cfg.model.name != "lab",
+         f"lab.* keys set up model.name=lab, and {cfg.model.name!r} is another model"),
+        (lambda k: k in task_keys and k not in reads and cfg.model.name == "lab",
+         f"lab.task={cfg.lab.task!r} reads {', '.join(reads) if reads else 'no lab.* task option'}"),
+        (lambda k: k.startswith("diffusion.") and cfg.model.kind != "diffusion",
+         "diffusion.* keys set up model.kind=diffusion, and this model is causal"),
+        (lambda k: k.startswith("lora.") and k != "lora.r" and cfg.lora.r == 0,
+         "lora.* keys shape the adapters of lora.r > 0, and lora.r=0 trains every weight (no adapters)"),
+    )  # fmt: skip
+    for applies, why in rules:
+        if unread := [k for k in typed if applies(k)]:
+            raise ValueError(f"{', '.join(unread)} would change nothing: {why}; drop what this run does not read")
 
 
 def diffusion_params(cfg: TrainConfig):

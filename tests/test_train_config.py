@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from aisrl.train_checks import validate
 from aisrl.train_config import TrainConfig, correction_options, load_config, resolve_device, task_kwargs
 
 
@@ -61,3 +62,33 @@ def test_task_and_correction_options():
         task_kwargs(cfg)  # the generator is `dataset`: a second one in the options would be replaced silently
     assert correction_options(TrainConfig(), None) == {"cap": 2.0}  # no veto key while the veto is off
     assert correction_options(load_config(None, ["correction.name=none"]), None) == {}  # `none` takes no cap
+
+
+@pytest.mark.parametrize("preset,overrides,message", [
+    ("smollm2_arithmetic", ["lab.max_operand=50", " lab.task =countdown"],
+     "lab.max_operand, lab.task would change nothing: lab.* keys set up model.name=lab, and 'smollm2' is another"),
+    ("smollm2_arithmetic", ["diffusion.remasking=bogus"], "diffusion.remasking would change nothing"),
+    ("lab", ["diffusion.steps=10"], "diffusion.steps would change nothing: .* this model is causal"),
+    ("lab_columns", ["lora.targets=[nope]"], r"lora.targets would change nothing: .* lora.r=0 trains every weight"),
+    ("lab", ["lora.alpha=8", "lora.dropout=0.1"], "lora.alpha, lora.dropout would change nothing"),
+    ("lab", ["lab.task=countdown", "lab.ops=*"], r"lab.ops would change nothing: lab.task='countdown' reads no "
+                                                 r"lab.\* task option"),
+    ("lab", ["lab.sudoku_holes=3"], "lab.task='arithmetic' reads lab.max_operand, lab.ops, lab.trace"),
+    ("diffusion_lab", ["lab.trace=columns"], "lab.trace would change nothing: lab.task='sudoku4' reads "
+                                             "lab.sudoku_holes"),
+])  # fmt: skip
+def test_a_typed_key_the_run_would_not_read_is_refused(preset, overrides, message):
+    """Accepted before and ignored, found by review."""
+    with pytest.raises(ValueError, match=message):
+        load_config(preset, overrides)
+
+
+def test_the_keys_each_run_reads_are_accepted_and_a_presets_own_keys_are_no_slip():
+    for preset, overrides in (("lab", ["lab.max_operand=30", "lab.ops=+", "lab.trace=columns"]),
+                              ("lab", ["lab.task=sudoku4", "lab.sudoku_holes=4", "model.kind=diffusion",
+                                       "diffusion.steps=24", "rollout.max_new_tokens=24", "diffusion.block_length=8"]),
+                              ("smollm2_arithmetic", ["lora.r=4", "lora.alpha=8", "lora.targets=[q_proj]"]),
+                              ("lab_columns", ["model.name=smollm2"])):  # fmt: skip  (the CLI's default preset)
+        cfg = load_config(preset, ["device=cpu", *overrides])
+        validate(cfg, output=None)
+    assert cfg.lab.trace == "columns"  # the default preset's lab.* stay in the record, unread
