@@ -133,7 +133,8 @@ def test_the_mask_id_is_the_configured_one_else_the_checkpoints_else_the_tokeniz
     tok = SimpleNamespace(mask_token_id=8)
 
     def mask_id(given, model=model):
-        return _mask_id(load_config("lab", ["model.name=some/diffusion", f"diffusion.mask_id={given}"]), tok, model)
+        return _mask_id(load_config("lab", ["model.name=some/diffusion", "model.kind=diffusion",
+                                          f"diffusion.mask_id={given}"]), tok, model)
 
     assert (mask_id(0), mask_id(9), mask_id(-1)) == (0, 9, 7)  # id 0 is an id; -1 reads the checkpoint first
     assert mask_id(-1, SimpleNamespace(config=SimpleNamespace(vocab_size=10))) == 8  # then the tokenizer
