@@ -268,4 +268,3 @@ def _check_task(cfg: TrainConfig) -> None:
             SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
         except ValueError as e:
             raise ValueError(f"rollout settings: {e}") from e
-
