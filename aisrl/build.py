@@ -22,17 +22,18 @@ from aisrl.rollout import SamplingParams
 from aisrl.train_config import LoraSettings, TrainConfig, diffusion_params, rollout_format, task_kwargs
 
 
-def build(cfg: TrainConfig):
-    """(model, tokenizer, task, encode_prompt) for the configured model and task."""
+def build(cfg: TrainConfig, warm: bool = True):
+    """(model, tokenizer, task, encode_prompt) for the configured model and task. `warm=False` where a checkpoint's
+    weights replace the model's: the lab's warm start is not trained for that (aisrl.lab.lab_model)."""
     if cfg.model.name == "lab" and cfg.model.kind == "diffusion":
         from aisrl.diffusion_lab import diffusion_lab_model, encode_prompt
 
-        model, tok, _ = diffusion_lab_model(cfg.lab, diffusion_params(cfg))
+        model, tok, _ = diffusion_lab_model(cfg.lab, diffusion_params(cfg), warm=warm)
         return model, tok, task_of(cfg), lambda p: encode_prompt(tok, p)
     if cfg.model.name == "lab":
         from aisrl.lab import lab_model, prompt_text
 
-        model, tok, _ = lab_model(cfg.lab)
+        model, tok, _ = lab_model(cfg.lab, warm=warm)
         return model, tok, task_of(cfg), lambda p: [tok.bos_token_id] + tok.encode(prompt_text(p))
     if cfg.model.kind == "diffusion":  # a LLaDA-style checkpoint directory with its remote code
         from transformers import AutoTokenizer
@@ -72,7 +73,7 @@ def with_lora(cfg: TrainConfig, model, dropout: float = 0.0):
 def build_trained(cfg: TrainConfig, weights: Path):
     """build(cfg) with a checkpoint's weights: for a LoRA run (lora.r > 0) the adapters are applied, loaded and
     merged, so the model returned is the plain model the run trained."""
-    model, tok, task, encode = build(cfg)
+    model, tok, task, encode = build(cfg, warm=False)
     if cfg.lora.r > 0:
         model = with_lora(cfg, model)
     load_weights(model, weights)

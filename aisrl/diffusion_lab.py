@@ -52,8 +52,9 @@ def diffusion_accuracy(model, tok, task, problems, params: DiffusionParams) -> f
     return evaluate(model, tok, task, lambda p: encode_prompt(tok, p), problems, policy)
 
 
-def diffusion_lab_model(cfg: LabConfig, params: DiffusionParams, verbose: bool = True):
-    """(model, tokenizer, info): the warm-started diffusion lab policy, trained once and cached."""
+def diffusion_lab_model(cfg: LabConfig, params: DiffusionParams, verbose: bool = True, warm: bool = True):
+    """(model, tokenizer, info): the warm-started diffusion lab policy, trained once and cached (`warm=False`: as
+    aisrl.lab.lab_model's)."""
     from safetensors.torch import load_file, save_file
 
     tok = CharTokenizer()
@@ -70,6 +71,8 @@ def diffusion_lab_model(cfg: LabConfig, params: DiffusionParams, verbose: bool =
     if (cache / "info.json").exists():
         load_cached(cache, lambda: model.load_state_dict(load_file(cache / "model.safetensors")))
         return model.eval(), tok, load_cached(cache, lambda: json.loads((cache / "info.json").read_text()))
+    if not warm:
+        return model.eval(), tok, {}
     seqs = [(encode_prompt(tok, p), tok.encode(completion_text(p)) + [tok.eos_token_id]) for p in train]
     if (longest := max(len(c) for _, c in seqs)) > params.gen_length:
         fit = -(-longest // params.block_length) * params.block_length  # the next multiple of the block length

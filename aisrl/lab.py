@@ -177,8 +177,10 @@ def greedy_accuracy(model, tok: CharTokenizer, problems: list[Problem], task, ma
     return evaluate(model, tok, task, encode, problems, policy)
 
 
-def lab_model(cfg: LabConfig | None = None, verbose: bool = True):
-    """(model, tokenizer, info): the warm-started lab policy, trained once and cached."""
+def lab_model(cfg: LabConfig | None = None, verbose: bool = True, warm: bool = True):
+    """(model, tokenizer, info): the warm-started lab policy, trained once and cached. `warm=False`, for weights
+    about to be replaced by a checkpoint's: the cached warm start if there is one, else the untrained model (info {}),
+    not a warm start trained only to be overwritten."""
     from aisrl.models import save_model, tiny_model
 
     cfg = cfg or LabConfig()
@@ -190,9 +192,11 @@ def lab_model(cfg: LabConfig | None = None, verbose: bool = True):
         model = load_cached(cache, lambda: AutoModelForCausalLM.from_pretrained(cache, local_files_only=True,
                                                                                 dtype=torch.float32))  # fmt: skip
         return model.eval(), tok, load_cached(cache, lambda: json.loads((cache / "info.json").read_text()))
-    task = lab_task(cfg)
     model = tiny_model("tiny-llama", seed=cfg.seed, vocab_size=len(tok), hidden=cfg.hidden, layers=cfg.layers,
                        pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    if not warm:
+        return model.eval(), tok, {}
+    task = lab_task(cfg)
     train = task.problems("train", cfg.sft_examples, seed=cfg.seed)
     held = task.problems("test", HELD_OUT, seed=cfg.seed + 1)
     seqs = [([tok.bos_token_id] + tok.encode(prompt_text(p)), tok.encode(completion_text(p)) + [tok.eos_token_id])

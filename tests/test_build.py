@@ -165,3 +165,26 @@ def test_no_held_out_problem_is_an_error_without_a_warning_about_fewer():
         warnings.simplefilter("error")  # an empty split is no "fewer than asked": the error alone says it
         with pytest.raises(ValueError, match="the task gives 8 training and 0 held-out problems"):
             problem_sets(cfg, Few())
+
+
+@pytest.mark.parametrize("preset", ["lab", "diffusion_lab"])
+def test_a_checkpoints_model_is_built_without_training_a_warm_start(tmp_path, monkeypatch, preset):
+    """Scoring a checkpoint (eval, the doctor's start=, a study's final scores) replaced a warm start trained for the
+    purpose, minutes on an empty cache (found by review): the architecture is built untrained and loaded."""
+    from safetensors.torch import save_file
+
+    import aisrl.diffusion_lab
+    import aisrl.lab
+    from aisrl.build import build_trained
+
+    extra = ["lab.sft_steps=0"] if preset == "lab" else ["lab.hidden=32", "lab.layers=1", "lab.sft_steps=0"]
+    cfg = load_config(preset, [*(TINY_LAB if preset == "lab" else []), *extra])
+    trained = build(cfg, warm=False)[0]
+    state = {k: v + 0.5 for k, v in trained.state_dict().items()}  # weights no build would give
+    save_file(state, tmp_path / "model.safetensors")
+    for module in (aisrl.lab, aisrl.diffusion_lab):
+        monkeypatch.setattr(module, "run_sft", lambda *a, **k: pytest.fail("trained a warm start"))
+    model = build_trained(cfg, tmp_path / "model.safetensors")[0]
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, state[k], msg=k)
+    assert not (tmp_path / "cache").exists()  # and nothing untrained was cached as a warm start
