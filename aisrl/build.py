@@ -135,6 +135,22 @@ def problem_sets(cfg: TrainConfig, task) -> tuple[list, list]:
     return pool, held
 
 
+def cut_short(cfg: TrainConfig, tok, problems) -> str | None:
+    """A warning when a lab run's rollouts stop before the task's longest worked answer (`rollout.max_new_tokens`
+    below it): those answers are cut short and score 0, while the warm start measured its accuracy with room for
+    them. None otherwise, and for other models (whose answers have no known length)."""
+    if cfg.model.name != "lab" or cfg.model.kind != "causal" or not problems:
+        return None  # (the diffusion lab refuses a generation length its completions do not fit)
+    from aisrl.lab import completion_text
+
+    need = max(len(tok.encode(completion_text(p))) + 1 for p in problems)  # with EOS
+    if need <= cfg.rollout.max_new_tokens:
+        return None
+    return (f"aisrl: warning: rollout.max_new_tokens={cfg.rollout.max_new_tokens} is shorter than the lab task's "
+            f"longest worked answer ({need} tokens with EOS): answers cut short score 0; set "
+            f"rollout.max_new_tokens={need} or more to give every answer room")
+
+
 def completion_texts(tok, r) -> list[str]:
     """Decoded completions without special tokens (the EOS that ends a completion is not part of the answer)."""
     return [tok.decode(r.completion_ids[i][r.completion_mask[i]].tolist(), skip_special_tokens=True)

@@ -162,7 +162,7 @@ def _run_config(args, log=print):
 
 
 def _eval(args) -> int:
-    from aisrl.build import build_trained, make_policy, problem_sets
+    from aisrl.build import build_trained, cut_short, make_policy, problem_sets
     from aisrl.checkpoint import latest_checkpoint
     from aisrl.train_checks import validate
     from aisrl.train_config import resolve_device
@@ -176,6 +176,8 @@ def _eval(args) -> int:
     model, tok, task, encode = build_trained(cfg, ckpt / "model.safetensors")
     model.to(resolve_device(cfg.device))  # full precision, like the evaluations during training
     _, held = problem_sets(cfg, task)
+    if warning := cut_short(cfg, tok, held):
+        print(warning, file=sys.stderr)
     acc = evaluate(model, tok, task, encode, held, make_policy(cfg, tok, model))
     print(f"{ckpt}: held-out greedy accuracy {acc:.3f} on {len(held)} problems")
     return 0

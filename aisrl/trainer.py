@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from aisrl.build import build, make_policy, problem_sets, rollout_model, task_of, task_rewards, with_lora
+from aisrl.build import build, cut_short, make_policy, problem_sets, rollout_model, task_of, task_rewards, with_lora
 from aisrl.calibrate import combine, end_point_weights, measured
 from aisrl.checkpoint import (
     atomic_write_text,
@@ -103,6 +103,8 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
             build(cfg)
         torch.distributed.barrier()
     model, tok, task, encode = build(cfg)
+    if warning := cut_short(cfg, tok, pool + held):
+        log(warning)
     torch.manual_seed(cfg.seed)  # after build: the same state whether or not the lab model came from the cache
     model.to(device).train()
     rollout, sync = rollout_model(cfg, model, device, pool + held, encode)

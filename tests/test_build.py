@@ -188,3 +188,30 @@ def test_a_checkpoints_model_is_built_without_training_a_warm_start(tmp_path, mo
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, state[k], msg=k)
     assert not (tmp_path / "cache").exists()  # and nothing untrained was cached as a warm start
+
+
+def test_a_lab_run_whose_answers_cannot_fit_is_warned(tmp_path):
+    """A 16-token lab run scored 0% where its warm start scored 11% (found by review): its rollouts and greedy
+    evaluations stopped inside the worked answers. The lab's tokenizer gives a token per character and per format
+    tag, so an answer's length is its text's, less each tag's characters but one, plus the EOS."""
+    from aisrl.build import cut_short, task_of
+    from aisrl.lab import CharTokenizer, completion_text
+    from aisrl.trainer import train
+
+    cfg = load_config("lab", TINY)
+    problems = task_of(cfg).problems("train", 20, seed=0)
+    tags = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
+    texts = [completion_text(p) for p in problems]
+    assert all(text.count(tag) == 1 for text in texts for tag in tags)
+    need = max(len(text) for text in texts) - sum(len(tag) - 1 for tag in tags) + 1
+    tok = CharTokenizer()
+    cfg.rollout.max_new_tokens = need
+    assert cut_short(cfg, tok, problems) is None
+    cfg.rollout.max_new_tokens = need - 1
+    said = cut_short(cfg, tok, problems)
+    assert f"rollout.max_new_tokens={need - 1} is shorter than the lab task's longest worked answer ({need} " in said
+    cfg.model.kind = "diffusion"
+    assert cut_short(cfg, tok, problems) is None  # the diffusion lab refuses such a length instead
+    lines = []
+    train(load_config("lab", [*TINY, "max_steps=1", f"output_dir={tmp_path / 'r'}"]), log=lines.append)
+    assert any("rollout.max_new_tokens=8 is shorter" in line for line in lines)
