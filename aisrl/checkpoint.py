@@ -181,9 +181,9 @@ def record_config(output_dir: str | Path, config: dict, write: bool = True, defa
     changes = config_changes(recorded, config, defaults=defaults)
     if changes:
         raise ValueError(f"{output_dir} holds a run started with another config ({'; '.join(changes)}); resume "
-                         f"with the same settings, pick a new output_dir, or delete {path} to continue this "
-                         "run's weights under the new settings (possible only where they fit the model these "
-                         "settings build)")  # fmt: skip
+                         f"with the same settings (`aisrl train {path}` reads them from the record), pick a new "
+                         f"output_dir, or delete {path} to continue this run's weights under the new settings "
+                         "(possible only where they fit the model these settings build)")  # fmt: skip
     moved = {k: config[k] for k in RESUMABLE if k in config and k in recorded and recorded[k] != config[k]}
     if moved and write:
         atomic_write_text(path, json.dumps({**recorded, **moved}, indent=1))

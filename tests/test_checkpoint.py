@@ -187,8 +187,9 @@ def test_a_run_keeps_the_checkpoints_it_is_told_to(tmp_path, monkeypatch):
           log=lambda _: None)  # fmt: skip
     assert sorted(int(p.name[5:]) for p in (out / "checkpoints").glob("step_*")) == [2, 4, 5]
     # a resume that leaves it out would prune what the run kept: refused, naming it
-    with pytest.raises(ValueError, match=r"another config \(keep_checkpoints: 0 -> 2\)"):
+    with pytest.raises(ValueError, match=r"another config \(keep_checkpoints: 0 -> 2\)") as refused:
         train(load_config("lab", [*base, "max_steps=5", f"output_dir={tmp_path / 'keep0'}"]), log=lambda _: None)
+    assert f"`aisrl train {tmp_path / 'keep0' / 'config.json'}` reads them from the record" in str(refused.value)
     assert len(list((tmp_path / "keep0" / "checkpoints").glob("step_*"))) == 4
     with pytest.raises(ValueError, match="keep_checkpoints is how many .* >= 0 .* got -1"):
         validate(load_config("lab", ["keep_checkpoints=-1"]))
