@@ -172,7 +172,11 @@ def _eval(args) -> int:
     validate(cfg, output=None)  # an override (eval_problems=0, seed=-1) is named as in training; nothing written
     ckpt = latest_checkpoint(cfg.output_dir)
     if ckpt is None:
-        raise ValueError(f"no checkpoint in {cfg.output_dir!r}; train first or pass output_dir=...")
+        from pathlib import Path
+
+        runs = sorted(str(p.parent.parent) for p in Path(cfg.output_dir).rglob("checkpoints/latest"))
+        hint = f"; it holds runs (a study's folder?), each scored on its own: output_dir={runs[0]}" if runs else ""
+        raise ValueError(f"no checkpoint in {cfg.output_dir!r}{hint or '; train first or pass output_dir=...'}")
     model, tok, task, encode = build_trained(cfg, ckpt / "model.safetensors")
     model.to(resolve_device(cfg.device))  # full precision, like the evaluations during training
     _, held = problem_sets(cfg, task)

@@ -238,6 +238,12 @@ def test_a_permission_error_is_one_line_and_exit_2(monkeypatch, capsys):
 def test_eval_without_a_checkpoint_is_one_line(tmp_path, capsys):  # not a TypeError on None
     assert main(["eval", f"output_dir={tmp_path}"]) == 2
     assert f"no checkpoint in {str(tmp_path)!r}; train first" in capsys.readouterr().err
+    for seed in (1, 0):  # a study's folder: its runs are named (before: "pass output_dir=...", which was passed)
+        (tmp_path / "fp8" / "ais" / f"seed{seed}" / "checkpoints").mkdir(parents=True)
+        (tmp_path / "fp8" / "ais" / f"seed{seed}" / "checkpoints" / "latest").write_text("step_000002")
+    assert main(["eval", f"output_dir={tmp_path}"]) == 2
+    first = tmp_path / "fp8" / "ais" / "seed0"
+    assert f"it holds runs (a study's folder?), each scored on its own: output_dir={first}" in capsys.readouterr().err
 
 
 def test_bench_estimator_default_output_path(tmp_path, monkeypatch, capsys):
