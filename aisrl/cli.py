@@ -40,7 +40,7 @@ def _mismatch(args) -> int:
     return 0
 
 
-def _train_config(args, log=print):
+def _train_config(args, log=print, check: bool = True):
     """TrainConfig from `[PRESET] [key=value ...]`. A run's record (`runs/x/config.json`) as the preset is that run:
     its output_dir is the folder the file is in, wherever the record says it trained (a copied or moved run would
     otherwise be continued, or scored, in its old place), unless `output_dir=` is typed."""
@@ -49,7 +49,7 @@ def _train_config(args, log=print):
     from aisrl.train_config import DEFAULT_PRESET, load_config
 
     preset, overrides = _preset_and_overrides(args)
-    cfg = load_config(preset or DEFAULT_PRESET, overrides)
+    cfg = load_config(preset or DEFAULT_PRESET, overrides, check=check)
     typed = any(override_key(o) == "output_dir" for o in overrides)
     if preset and Path(preset).name == "config.json" and not typed:
         here = Path(preset).parent
@@ -137,21 +137,24 @@ def _run_config(args, log=print):
     from pathlib import Path
 
     from aisrl.checkpoint import config_changes
-    from aisrl.train_config import load_config
+    from aisrl.train_config import load_config, refuse_unread
 
-    cfg = _train_config(args, log)
+    cfg = _train_config(args, log, check=False)  # typed keys are checked against the settings the run is scored with
     recorded = Path(cfg.output_dir) / "config.json"
-    if not recorded.is_file():
-        return cfg
     preset, overrides = _preset_and_overrides(args)
+    if not recorded.is_file():
+        refuse_unread(cfg, overrides)
+        return cfg
     try:
-        run_cfg = load_config(str(recorded), overrides)
+        run_cfg = load_config(str(recorded), overrides, check=False)
     except ValueError as e:
         if not preset:  # the default preset's task and model would score the run as if it were another
             raise ValueError(f"{recorded} does not load ({e}); to score the run with a preset's settings, pass "
                              f"the one it was trained with: aisrl eval PRESET output_dir={cfg.output_dir}") from e
         log(f"aisrl: note: {recorded} does not load ({e}); scoring with the settings of preset {preset!r}")
+        refuse_unread(cfg, overrides)
         return cfg
+    refuse_unread(run_cfg, overrides)
     run_cfg.output_dir = cfg.output_dir  # the folder the record was read from (it may have moved since)
     if preset:
         changes = config_changes(dataclasses.asdict(run_cfg), dataclasses.asdict(cfg))

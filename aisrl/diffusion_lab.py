@@ -68,17 +68,17 @@ def diffusion_lab_model(cfg: LabConfig, params: DiffusionParams, verbose: bool =
     max_len = 128 if need <= 128 else 128 * 2 ** math.ceil(math.log2((need + 32) / 128))  # 128: every earlier lab
     model = tiny_diffusion_model(len(tok) + 1, mask_id_of(tok), hidden=cfg.hidden, layers=cfg.layers,
                                  max_len=max_len, seed=cfg.seed)  # fmt: skip
+    seqs = [(encode_prompt(tok, p), tok.encode(completion_text(p)) + [tok.eos_token_id]) for p in train]
+    if (longest := max(len(c) for _, c in seqs)) > params.gen_length:  # a warm start, or a checkpoint scored with it
+        fit = -(-longest // params.block_length) * params.block_length  # the next multiple of the block length
+        raise ValueError(f"rollout.max_new_tokens={params.gen_length} (the diffusion generation length) is shorter "
+                         f"than the lab task's completions ({longest} tokens with EOS): set rollout.max_new_tokens="
+                         f"{fit} or more, a multiple of diffusion.block_length={params.block_length}")  # fmt: skip
     if (cache / "info.json").exists():
         load_cached(cache, lambda: model.load_state_dict(load_file(cache / "model.safetensors")))
         return model.eval(), tok, load_cached(cache, lambda: json.loads((cache / "info.json").read_text()))
     if not warm:
         return model.eval(), tok, {}
-    seqs = [(encode_prompt(tok, p), tok.encode(completion_text(p)) + [tok.eos_token_id]) for p in train]
-    if (longest := max(len(c) for _, c in seqs)) > params.gen_length:
-        fit = -(-longest // params.block_length) * params.block_length  # the next multiple of the block length
-        raise ValueError(f"rollout.max_new_tokens={params.gen_length} (the diffusion generation length) is shorter "
-                         f"than the lab task's completions ({longest} tokens with EOS): set rollout.max_new_tokens="
-                         f"{fit} or more, a multiple of diffusion.block_length={params.block_length}")  # fmt: skip
     loss_of = lambda batch, gen: masked_sft_loss(model, batch, params.gen_length, tok, gen)  # noqa: E731
     train_steps = sft_trainer(cfg, model, seqs, loss_of)
 

@@ -223,8 +223,8 @@ class TrainConfig:
 
 
 _YAML_INT = r"^[-+]?(?:0|[1-9][0-9_]*|0x[0-9a-fA-F_]+)$"
-"""Integers as the command line reads them: decimal (`1_000`) or hex, not YAML 1.1's octal `010` (8) or base-60 `1:30`
-(90), which the command line refuses."""
+"""Integers: decimal (`1_000`) or hex (`0x1f`), which the command line reads alike; not YAML 1.1's octal `010` (8) or
+base-60 `1:30` (90), which the command line refuses."""
 _YAML_FLOAT = (r"^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
                r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
 """Floats as YAML 1.2 and the command line read them: `1e-4` too, which YAML 1.1 leaves text."""
@@ -281,8 +281,9 @@ def _read_preset(path: Path):
         raise ValueError(f"{path} is not valid YAML: {e}") from e
 
 
-def load_config(preset: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """TrainConfig from defaults, then a preset (name or YAML path), then `key=value` overrides."""
+def load_config(preset: str | None = None, overrides: list[str] | None = None, check: bool = True) -> TrainConfig:
+    """TrainConfig from defaults, then a preset (name or YAML path), then `key=value` overrides; `check`: refuse an
+    override the run would not read (`refuse_unread`; off where the run's own config is loaded later)."""
     cfg = TrainConfig()
     if preset:
         path = Path(preset)
@@ -302,14 +303,16 @@ def load_config(preset: str | None = None, overrides: list[str] | None = None) -
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from e
     apply_overrides(cfg, overrides or [])
-    _refuse_unread(cfg, [override_key(o) for o in overrides or []])
+    if check:
+        refuse_unread(cfg, overrides or [])
     return cfg
 
 
-def _refuse_unread(cfg: TrainConfig, typed: list[str]) -> None:
+def refuse_unread(cfg: TrainConfig, overrides: list[str]) -> None:
     """A key typed for this run that the run would not read (`lab.max_operand=50` for smollm2, `lora.targets=[...]`
     without lora.r) is refused: it would change nothing but the record. Only typed keys: a preset's own (the default
     preset's lab.* under `model.name=smollm2`) are settings of another model, not a slip."""
+    typed = [override_key(o) for o in overrides]
     reads = [f"lab.{k}" for k in TASK_OPTIONS.get(cfg.lab.task, {})]
     task_keys = {f"lab.{k}" for options in TASK_OPTIONS.values() for k in options}
     rules = (

@@ -215,3 +215,13 @@ def test_a_lab_run_whose_answers_cannot_fit_is_warned(tmp_path):
     lines = []
     train(load_config("lab", [*TINY, "max_steps=1", f"output_dir={tmp_path / 'r'}"]), log=lines.append)
     assert any("rollout.max_new_tokens=8 is shorter" in line for line in lines)
+
+
+def test_a_diffusion_checkpoint_is_not_scored_with_a_generation_length_its_answers_do_not_fit():
+    """Building untrained for a checkpoint skipped the diffusion lab's length check (found by review): an eval with
+    rollout.max_new_tokens=16 would score every cut-short answer 0. The check comes before any model is returned."""
+    cfg = load_config("diffusion_lab", ["lab.hidden=32", "lab.layers=1", "lab.sft_steps=0",
+                                        "rollout.max_new_tokens=16"])  # fmt: skip
+    for warm in (False, True):
+        with pytest.raises(ValueError, match="rollout.max_new_tokens=16 .* is shorter than the lab task's completions"):
+            build(cfg, warm=warm)

@@ -246,6 +246,20 @@ def test_eval_without_a_checkpoint_is_one_line(tmp_path, capsys):  # not a TypeE
     assert f"it holds runs (a study's folder?), each scored on its own: output_dir={first}" in capsys.readouterr().err
 
 
+def test_eval_checks_typed_keys_against_the_run_it_scores(tmp_path, capsys):
+    """The keys typed after `aisrl eval output_dir=RUN` were checked against the default preset (a causal lab), so
+    a diffusion run's `diffusion.steps=40` was refused as unread (found by review); the run's record decides."""
+    from dataclasses import asdict
+
+    from aisrl.train_config import load_config
+
+    for name, preset, verdict in (("d", "diffusion_lab", "no checkpoint in"), ("c", "lab", "would change nothing")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(asdict(load_config(preset))))
+        assert main(["eval", f"output_dir={tmp_path / name}", "diffusion.steps=40"]) == 2
+        assert verdict in capsys.readouterr().err, name
+
+
 def test_bench_estimator_default_output_path(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # without --out: runs/estimator/estimator.json under the working directory
     assert main(["bench", "estimator", "vocab=3", "length=2", "batches=5", "instances=1", "strengths=[0.2]",
