@@ -16,11 +16,14 @@ continued to 300 steps says max_steps 300).
 It also records the weights it started from (`output_dir/start.json`: a digest of the initial state and the
 machine). The lab model's warm start is trained on first use and cached; its training is deterministic on one
 machine but not across CPUs (other kernels round differently; with `lab.target`, the SFT may stop at another
-step), so two runs of one seed are a valid pair only when their starts agree (`same_start`).
+step), so two runs of one seed are a valid pair only when their starts agree (`same_start`). A run on a local dataset
+records the file's resolved path and a digest of its contents there too: a resume or a scoring on a file edited
+since is refused, and one on the same rows moved elsewhere goes on (`same_dataset`).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -112,16 +115,71 @@ def weights_digest(state: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()[:16]
 
 
-def record_start(output_dir: str | Path, model) -> None:
+def file_sha256(path: str | Path) -> str:
+    """The file's SHA-256, computed once for each version of it (path, size and modification time): a study's scoring
+    and its aggregation both check a checkpoint's weights, and every start of a run checks its dataset."""
+    st = Path(path).stat()
+    return _sha256_of(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):  # streamed: a large file never sits in memory
+            h.update(block)
+    return h.hexdigest()
+
+
+def dataset_sha256(path: str | Path) -> str:
+    """SHA-256 of a local dataset's contents: a file's bytes, or a directory's files (names and bytes, in name
+    order), so a dataset edited in place is told from the one a run trained on; 'missing' when the path does not
+    exist."""
+    root = Path(path)
+    if root.is_file():
+        return file_sha256(root)
+    if not root.is_dir():
+        return "missing"
+    h = hashlib.sha256()
+    for f in sorted(x for x in root.rglob("*") if x.is_file()):
+        h.update(f"{f.relative_to(root).as_posix()}:{file_sha256(f)};".encode())
+    return h.hexdigest()
+
+
+def record_start(output_dir: str | Path, model, dataset: str = "") -> None:
     """On a run's start from scratch (no checkpoint yet): write start.json with the digest of the weights it starts
-    from and the machine. A start that never reached a checkpoint left nothing to continue, so its record is
-    replaced, as record_config replaces its config; once the run has a checkpoint the record is kept."""
+    from, the machine and, for a run on a local `dataset`, its resolved path and the digest of its contents. A start
+    that never reached a checkpoint left nothing to continue, so its record is replaced, as record_config replaces
+    its config; once the run has a checkpoint the record is kept."""
     from aisrl.bench.report import machine
 
     path = Path(output_dir) / "start.json"
     if path.exists() and _latest_name(output_dir) is not None:
         return
-    atomic_write_text(path, json.dumps({"weights": weights_digest(model.state_dict()), "machine": machine()}))
+    record = {"weights": weights_digest(model.state_dict()), "machine": machine()}
+    if dataset:
+        record["dataset"] = {"path": str(Path(dataset).resolve()), "sha256": dataset_sha256(dataset)}
+    atomic_write_text(path, json.dumps(record))
+
+
+def same_dataset(run_dir: str | Path, dataset: str) -> bool:
+    """Whether `dataset` holds the rows the run started on (its start.json's digest), wherever it lies now: True when
+    it does, False when the run recorded none (no start.json, or one from before datasets were recorded). A file
+    whose contents differ raises ValueError naming both: the run's held-out split and its prompts came from the
+    rows it recorded, so continuing or scoring it on others would splice two experiments under one name."""
+    path = Path(run_dir) / "start.json"
+    recorded = read_record(path).get("dataset") if path.exists() else None
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("sha256"), str):
+        return False
+    now = dataset_sha256(dataset)
+    if now != recorded["sha256"]:
+        what = "does not exist" if now == "missing" else f"holds other rows (sha256 {now[:12]}…)"
+        raise ValueError(f"dataset={dataset!r} {what}, and {run_dir} was started on {recorded.get('path')!r} "
+                         f"(sha256 {recorded['sha256'][:12]}…, start.json): the file was edited or replaced since, "
+                         "so its prompts and held-out split are not the run's. Give the file the run trained on "
+                         "with dataset=PATH (restore it if it was edited), or train the new rows in a new "
+                         "output_dir")  # fmt: skip
+    return True
 
 
 def run_start(run_dir: str | Path) -> str | None:
@@ -154,37 +212,45 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def _same_path(a, b) -> bool:
+    """Two spellings of one local path (`d.jsonl` typed in its folder, the absolute path a run records)."""
+    return isinstance(a, str) and isinstance(b, str) and bool(a and b) and Path(a).resolve() == Path(b).resolve()
+
+
 def config_changes(recorded: dict, config: dict, free: tuple[str, ...] = RESUMABLE,
                    defaults: dict | None = None) -> list[str]:  # fmt: skip
     """'key: old -> new' for every dotted key whose value differs between two config dicts, except `free` ones.
     A key the record lacks (a field added by a later version, which keeps the earlier behaviour at its default)
     is a change only when `config` sets it away from its value in `defaults` (the config class's defaults)."""
     a, b = (_flat(json.loads(json.dumps(c))) for c in (recorded, config))  # tuples compare as the lists JSON keeps
-    out = [f"{k}: {a[k]!r} -> {b[k]!r}" for k in sorted(a.keys() & b.keys()) if k not in free and a[k] != b[k]]
+    out = [f"{k}: {a[k]!r} -> {b[k]!r}" for k in sorted(a.keys() & b.keys())
+           if k not in free and a[k] != b[k] and not (k == "dataset" and _same_path(a[k], b[k]))]  # fmt: skip
     d = _flat(json.loads(json.dumps(defaults))) if defaults is not None else {}
     return out + [f"{k}: not recorded (the default {d[k]!r}) -> {b[k]!r}" for k in sorted(b.keys() - a.keys())
                   if k in d and k not in free and b[k] != d[k]]  # fmt: skip
 
 
-def record_config(output_dir: str | Path, config: dict, write: bool = True, defaults: dict | None = None) -> None:
+def record_config(output_dir: str | Path, config: dict, write: bool = True, defaults: dict | None = None,
+                  free: tuple[str, ...] = RESUMABLE) -> None:  # fmt: skip
     """Record `config` as the run's on its first start (`write`: this process may write it); on a later start,
-    raise ValueError if it differs from the record in any key but RESUMABLE ones, and record the new values of
-    those. Every other key of the record stays as it was, including keys this version no longer has. A record
-    without a checkpoint (a run that failed before its first save: an out-of-memory first step, say) holds no
-    weights to continue, so a new start replaces it."""
+    raise ValueError if it differs from the record in any key but `free` ones (RESUMABLE; `dataset` too when the
+    file holds the rows the run started on: it moved), and record the new values of those. Every other key of the
+    record stays as it was, including keys this version no longer has. A record without a checkpoint (a run that
+    failed before its first save: an out-of-memory first step, say) holds no weights to continue, so a new start
+    replaces it."""
     path = Path(output_dir) / "config.json"
     if not path.exists() or _latest_name(output_dir) is None:
         if write:
             atomic_write_text(path, json.dumps(config, indent=1))
         return
     recorded = read_record(path)
-    changes = config_changes(recorded, config, defaults=defaults)
+    changes = config_changes(recorded, config, free=free, defaults=defaults)
     if changes:
         raise ValueError(f"{output_dir} holds a run started with another config ({'; '.join(changes)}); resume "
                          f"with the same settings (`aisrl train {path}` reads them from the record), pick a new "
                          f"output_dir, or delete {path} to continue this run's weights under the new settings "
                          "(possible only where they fit the model these settings build)")  # fmt: skip
-    moved = {k: config[k] for k in RESUMABLE if k in config and k in recorded and recorded[k] != config[k]}
+    moved = {k: config[k] for k in free if k in config and k in recorded and recorded[k] != config[k]}
     if moved and write:
         atomic_write_text(path, json.dumps({**recorded, **moved}, indent=1))
 

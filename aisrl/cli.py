@@ -166,13 +166,20 @@ def _run_config(args, log=print):
 
 def _eval(args) -> int:
     from aisrl.build import build_trained, cut_short, make_policy, problem_sets
-    from aisrl.checkpoint import latest_checkpoint
+    from aisrl.checkpoint import latest_checkpoint, same_dataset
     from aisrl.train_checks import validate
-    from aisrl.train_config import resolve_device
+    from aisrl.train_config import reads_dataset, resolve_device
     from aisrl.trainer import evaluate
 
     cfg = _run_config(args)
     validate(cfg, output=None)  # an override (eval_problems=0, seed=-1) is named as in training; nothing written
+    if reads_dataset(cfg):  # the held-out split comes from the file: scored on the rows the run trained on
+        try:
+            same_dataset(cfg.output_dir, cfg.dataset)
+        except ValueError as e:
+            if "dataset" not in {override_key(o) for o in _preset_and_overrides(args)[1]}:
+                raise ValueError(f"{e}; or, to score on this file anyway, type it: dataset=PATH") from e
+            print(f"aisrl: note: scoring on rows the run did not train on: {e}", file=sys.stderr)
     ckpt = latest_checkpoint(cfg.output_dir)
     if ckpt is None:
         from pathlib import Path

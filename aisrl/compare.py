@@ -265,9 +265,9 @@ def _check_runs(runs: list[Run], cfg: CompareConfig, to_train: list[Run]) -> Non
     """Raise, before anything trains, if a run of `to_train` cannot train with its settings (naming its group), or if
     a run's recorded config (its first start's) differs from what this invocation would train. Only the runs to train
     must be able to train here: a study trained on a GPU aggregates on a CPU."""
-    from aisrl.checkpoint import config_changes
+    from aisrl.checkpoint import config_changes, same_dataset
     from aisrl.train_checks import validate
-    from aisrl.train_config import TrainConfig, load_config
+    from aisrl.train_config import TrainConfig, load_config, reads_dataset
 
     for run in runs:
         tc = load_config(cfg.preset, run.overrides(cfg))
@@ -278,6 +278,8 @@ def _check_runs(runs: list[Run], cfg: CompareConfig, to_train: list[Run]) -> Non
                 raise ValueError(f"{run.group} cannot train with these settings: {e}") from e
         path = run.path(cfg.out) / "config.json"
         if path.exists() and latest_step(run.path(cfg.out)) is not None:  # no checkpoint: nothing to continue
+            if run in to_train and reads_dataset(tc):  # a file edited since the run started, before any training
+                same_dataset(run.path(cfg.out), tc.dataset)
             changes = config_changes(json.loads(path.read_text()), asdict(tc), defaults=asdict(TrainConfig()))
             if changes:
                 raise ValueError(f"{run.path(cfg.out)} was trained with other settings ({'; '.join(changes)}); "

@@ -26,7 +26,6 @@ code (SCORER), is scored again.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -36,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from aisrl.checkpoint import atomic_write_text, read_record
+from aisrl.checkpoint import atomic_write_text, dataset_sha256, file_sha256, read_record
+from aisrl.train_config import reads_dataset
 
 SEED_BASE = 7_000_000_000
 """Sampling seeds of the evaluation: SEED_BASE + i for the i-th request, the same for every run."""
@@ -58,36 +58,6 @@ def _rewards(policy, model, task, tok, encode, problems: list, samples: int, kv_
         r = policy.sample(model, [encode(p) for p in chunk], seeds, 0, kv_fp8)
         out += task_rewards(task, tok, r, chunk)
     return out
-
-
-def _sha256(path: Path) -> str:
-    """The file's SHA-256, computed once for each version of it (path, size and modification time): scoring and the
-    aggregation after it both check a checkpoint's weights."""
-    st = Path(path).stat()
-    return _sha256_of(str(path), st.st_size, st.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=256)
-def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):  # streamed: a large checkpoint never sits in memory
-            h.update(block)
-    return h.hexdigest()
-
-
-def _dataset_sha256(path: str) -> str:
-    """SHA-256 of a local dataset's contents: a file's bytes, or a directory's files (names and bytes, in name
-    order), so a dataset edited in place is scored again; 'missing' when the path does not exist."""
-    root = Path(path)
-    if root.is_file():
-        return _sha256(root)
-    if not root.is_dir():
-        return "missing"
-    h = hashlib.sha256()
-    for f in sorted(x for x in root.rglob("*") if x.is_file()):
-        h.update(f"{f.relative_to(root).as_posix()}:{_sha256(f)};".encode())
-    return h.hexdigest()
 
 
 ADDED_LATER = (
@@ -129,8 +99,8 @@ def _settings(checkpoint: str, digest: str, cfg, samples: int, held_samples: int
     run_hash = _config_hash(cfg)
     out = {"checkpoint": checkpoint, "weights_sha256": digest, "config_sha256": run_hash, "samples": samples,
            "held_samples": held_samples, "seed_base": SEED_BASE, "scorer": SCORER}  # fmt: skip
-    if cfg.dataset and cfg.task in ("dataset", "jsonl"):  # the config names the path; the problems are in the file
-        out["dataset_sha256"] = _dataset_sha256(cfg.dataset)
+    if reads_dataset(cfg):  # the config names the path; the problems are in the file
+        out["dataset_sha256"] = dataset_sha256(cfg.dataset)
     if cfg.rollout.engine == "static":  # the trained model samples through an FP32 engine (scores cached before: HF)
         out["trained_sampler"] = "engine_fp32"
     from aisrl.tasks import TASKS
@@ -178,7 +148,7 @@ def scores_of(scores: dict, ckpt: Path) -> bool:
     weights are now, made with this version's prompts."""
     settings, weights = scores.get("settings", {}), ckpt / "model.safetensors"
     return (current(scores) and settings.get("checkpoint") == ckpt.name and weights.is_file()
-            and settings.get("weights_sha256") == _sha256(weights)
+            and settings.get("weights_sha256") == file_sha256(weights)
             and _prompts_current(settings, ckpt.parent.parent))  # fmt: skip
 
 
@@ -230,7 +200,7 @@ def evaluate_final(run_dir: str | Path, cfg, samples: int = 4, held_samples: int
     if ckpt is None:
         raise FileNotFoundError(f"{run_dir} has no checkpoint to evaluate; train it first")
     weights = ckpt / "model.safetensors"
-    settings = _settings(ckpt.name, _sha256(weights), cfg, samples, held_samples)
+    settings = _settings(ckpt.name, file_sha256(weights), cfg, samples, held_samples)
     cache = run_dir / "final_eval.json"
     cached = _read(cache)
     if cached.get("settings") == settings:

@@ -376,6 +376,12 @@ def rollout_format(cfg: TrainConfig):
     return None if cfg.rollout.quant == "none" else quant_config(cfg.rollout.quant, keep=tuple(cfg.rollout.keep))
 
 
+def reads_dataset(cfg: TrainConfig) -> bool:
+    """Whether the run reads its problems from a local file or saved dataset (`dataset=PATH` with task=dataset or
+    jsonl; the lab trains on its own task)."""
+    return bool(cfg.dataset) and cfg.task in ("dataset", "jsonl") and cfg.model.name != "lab"
+
+
 def task_kwargs(cfg: TrainConfig) -> dict:
     """The options `aisrl.tasks.make_task(cfg.task, ...)` gets: `task_options`, and `dataset` as the file task's
     path or the reasoning-gym generator's name."""

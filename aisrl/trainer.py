@@ -32,14 +32,17 @@ import torch
 from aisrl.build import build, cut_short, make_policy, problem_sets, rollout_model, task_of, task_rewards, with_lora
 from aisrl.calibrate import combine, end_point_weights, measured
 from aisrl.checkpoint import (
+    RESUMABLE,
     atomic_write_text,
     hold_run,
     latest_checkpoint,
+    latest_step,
     load_checkpoint,
     read_jsonl,
     record_config,
     record_start,
     run_start,
+    same_dataset,
     save_checkpoint,
     weights_digest,
 )
@@ -56,6 +59,7 @@ from aisrl.train_config import (
     PRECISIONS,
     TrainConfig,
     correction_options,
+    reads_dataset,
     resolve_device,
     rollout_format,
 )
@@ -89,6 +93,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
 
 def _train(cfg: TrainConfig, log, opened: list) -> dict:
     validate(cfg)
+    if reads_dataset(cfg):  # recorded as an absolute path: a resume or eval from another folder reads the same file
+        cfg = dataclasses.replace(cfg, dataset=str(Path(cfg.dataset).resolve()))
     device = resolve_device(cfg.device)
     rank, world = _init_distributed(device)
     if cfg.prompts_per_step % world:
@@ -96,7 +102,10 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
     log = log if rank == 0 else (lambda _: None)
     out = Path(cfg.output_dir)  # created once everything is built: a run that fails to start leaves no directory
     defaults = dataclasses.asdict(TrainConfig())  # a field the record predates must be at its default
-    record_config(out, dataclasses.asdict(cfg), write=False, defaults=defaults)  # a resume is the same experiment
+    # a resume is the same experiment: on the rows it started on (refused on others), wherever they lie now
+    moved = latest_step(out) is not None and reads_dataset(cfg) and same_dataset(out, cfg.dataset)
+    free = (*RESUMABLE, "dataset") if moved else RESUMABLE
+    record_config(out, dataclasses.asdict(cfg), write=False, defaults=defaults, free=free)
     pool, held = problem_sets(cfg, task_of(cfg))  # before the model: too few problems is said without a warm start
     if world > 1 and cfg.model.name == "lab":  # rank 0 builds the cached lab model, the others then load it
         if rank == 0:
@@ -156,9 +165,11 @@ def _train(cfg: TrainConfig, log, opened: list) -> dict:
         except OSError as e:
             raise ValueError(f"output_dir={out} cannot be created ({e.strerror}); choose another output_dir") from e
         opened.append(hold_run(out))
-        record_start(out, model)  # which weights this run starts from: pairs of runs must share them
+        # which weights (pairs of runs must share them) and rows this run starts from
+        record_start(out, model, cfg.dataset if reads_dataset(cfg) else "")
     # everything built: this run is under way (a resume with nothing left to train leaves the record as it is)
-    record_config(out, dataclasses.asdict(cfg), write=rank == 0 and start < cfg.max_steps, defaults=defaults)
+    record_config(out, dataclasses.asdict(cfg), write=rank == 0 and start < cfg.max_steps, defaults=defaults,
+                  free=free)  # fmt: skip
     metrics_path = out / "metrics.jsonl"
     if rank == 0:
         # drop rows of steps after the checkpoint; a fresh start keeps none, and so reads none (a damaged file of

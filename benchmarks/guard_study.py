@@ -22,8 +22,7 @@ from pathlib import Path
 from aisrl.bench.cli import command, number, options
 from aisrl.bench.report import write_json
 from aisrl.bench.seeds import collect, score, summary
-from aisrl.checkpoint import checkpoint_dir, same_start
-from aisrl.final_eval import _sha256
+from aisrl.checkpoint import checkpoint_dir, file_sha256, same_start
 from aisrl.runs import per_step, run_rows, seed_runs, summarize_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +39,7 @@ def runs_of(folder: Path, group: str, steps: int) -> dict[int, Path]:
 def _weights(run: Path, steps: int) -> str | None:
     """SHA-256 of the run's weights at step `steps` (its checkpoint's), None where that checkpoint is gone."""
     weights = checkpoint_dir(run, steps) / "model.safetensors"
-    return _sha256(weights) if weights.is_file() else None
+    return file_sha256(weights) if weights.is_file() else None
 
 
 def twin_check(guarded: Path, unguarded: Path, trips: list[int], steps: int) -> str:

@@ -1,5 +1,8 @@
 """Shared test settings."""
 
+import json
+from pathlib import Path
+
 # A lab run small enough for tests: a 1-layer width-32 model, no SFT, 4 prompts x 4 samples, 8 tokens.
 TINY_LAB = ["lab.hidden=32", "lab.layers=1", "lab.sft_steps=0", "prompts_per_step=4", "group_size=4",
             "rollout.max_new_tokens=8", "eval_problems=8", "train_problems=64"]  # fmt: skip
@@ -57,3 +60,14 @@ def varying_reward(self, text, problem):
     """A stand-in for Task.reward that varies within a group (by the completion's length), so a step has advantages
     and moves the weights; never correct."""
     return float(len(text) % 3), False
+
+
+def local_model_and_rows(root: Path, n: int = 40) -> Path:
+    """A tiny Llama saved with a word tokenizer (a user's local model, trainable in a second) and a JSONL file."""
+    from aisrl.models import save_model, tiny_model, word_tokenizer
+
+    save_model(tiny_model("tiny-llama"), root / "m", word_tokenizer(200))
+    data = root / "d.jsonl"
+    data.write_text("".join(json.dumps({"question": f"w{i} w{i + 1}?", "answer": str(i)}) + "\n" for i in range(n)))
+    return data
+

@@ -255,3 +255,29 @@ def test_records_that_parse_but_are_not_records_are_named(tmp_path):
     f.write_bytes(b'{"step": 1}\n{"st\xff\n{"step": 3}\n')
     with pytest.raises(ValueError, match="metrics.jsonl line 2 is not JSON"):
         read_jsonl(f)
+
+
+def test_a_dataset_is_the_same_under_two_spellings_of_its_path_and_a_moved_copy_is_told_by_its_rows(
+        tmp_path, monkeypatch):  # fmt: skip
+    from aisrl.checkpoint import config_changes, record_start, same_dataset
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.jsonl").write_text('{"question": "1+1?", "answer": "2"}\n')
+    assert config_changes({"dataset": "d.jsonl"}, {"dataset": str(tmp_path / "d.jsonl")}) == []
+    assert config_changes({"dataset": "d.jsonl"}, {"dataset": "e.jsonl"}) == ["dataset: 'd.jsonl' -> 'e.jsonl'"]
+    assert config_changes({"dataset": ""}, {"dataset": "x"}) == ["dataset: '' -> 'x'"]
+
+    run = tmp_path / "run"
+    run.mkdir()
+    assert same_dataset(run, "d.jsonl") is False  # no start.json: nothing recorded to check against
+    record_start(run, torch.nn.Linear(2, 2))
+    assert same_dataset(run, "d.jsonl") is False  # a run that reads no file records none
+    record_start(run, torch.nn.Linear(2, 2), "d.jsonl")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "copy.jsonl").write_bytes((tmp_path / "d.jsonl").read_bytes())
+    assert same_dataset(run, "sub/copy.jsonl") is True
+    with pytest.raises(ValueError, match=r"dataset='gone.jsonl' does not exist, and .* was started on"):
+        same_dataset(run, "gone.jsonl")
+    (tmp_path / "d.jsonl").write_text('{"question": "1+1?", "answer": "3"}\n')
+    with pytest.raises(ValueError, match=r"holds other rows"):
+        same_dataset(run, "d.jsonl")

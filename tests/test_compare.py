@@ -941,3 +941,30 @@ def test_every_column_of_a_table_row_by_hand():
                         "| -0.100 ± 0.020 | 0.9 → 0.5 | 0.012 → 0.046 | 0.8 → 0.7 | 63% | 2.35 |")  # fmt: skip
     empty = {"reference": False, "format": "mxfp4", "method": "tis", "runs": {"0": {}}, "policy_reward": (None, None)}
     assert final_table({"groups": {"mxfp4/tis": empty}}) == ""  # nothing scored: no table, not a header alone
+
+
+def test_a_study_re_run_on_an_edited_dataset_is_refused_before_anything_trains(tmp_path, monkeypatch):
+    from dataclasses import asdict
+
+    import torch
+    from conftest import local_model_and_rows
+
+    from aisrl.checkpoint import record_start
+    from aisrl.train_config import load_config
+
+    data = local_model_and_rows(tmp_path)
+    train = [f"model.name={tmp_path / 'm'}", "task=jsonl", f"dataset={data}", "max_steps=7", "eval_problems=2",
+             "train_problems=8", "prompts_per_step=2", "group_size=2", "rollout.max_new_tokens=4"]  # fmt: skip
+    cfg = CompareConfig(methods=["tis"], formats=["int4"], seeds=[0], out=str(tmp_path / "s"), jobs=1, train=train)
+    for run in plan(cfg):  # interrupted at step 3, after starting on the file as it was
+        run.path(cfg.out).mkdir(parents=True)
+        (run.path(cfg.out) / "config.json").write_text(json.dumps(asdict(load_config("lab", run.overrides(cfg)))))
+        record_start(run.path(cfg.out), torch.nn.Linear(2, 2), str(data))
+        (run.path(cfg.out) / "checkpoints").mkdir()
+        (run.path(cfg.out) / "checkpoints" / "latest").write_text("step_000003")
+    data.write_text(data.read_text().replace('"answer": "3"', '"answer": "4"'))
+    trained = []
+    monkeypatch.setattr("aisrl.compare._run_here", lambda todo, *a: trained.extend(todo))
+    with pytest.raises(ValueError, match=r"holds other rows .*reference/seed0 was started on"):
+        run_study(cfg, log=lambda _: None)
+    assert trained == []

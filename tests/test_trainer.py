@@ -4,13 +4,14 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_LAB, overriding, untimed, varying_reward
+from conftest import TINY_LAB, local_model_and_rows, overriding, untimed, varying_reward
 from safetensors.torch import load_file
 
 from aisrl.build import build
@@ -776,3 +777,47 @@ def test_rewards_that_could_not_be_scored_are_counted_not_averaged(tmp_path, mon
     assert 0 < len(scored) < 16
     assert row["reward_nan_frac"] == pytest.approx(1 - len(scored) / 16)
     assert row["reward"] == pytest.approx(sum(scored) / len(scored)) and math.isfinite(row["loss"])
+
+
+def test_a_run_on_a_local_file_records_it_and_goes_on_only_on_its_rows(tmp_path, monkeypatch, capsys):
+    import hashlib
+
+    data = local_model_and_rows(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    args = [f"model.name={tmp_path / 'm'}", "task=jsonl", "dataset=d.jsonl", "rollout.max_new_tokens=4", "device=cpu",
+            "prompts_per_step=2", "group_size=2", "eval_problems=2", "train_problems=8", "eval_every=1"]  # fmt: skip
+    assert main(["train", *args, "max_steps=1", "output_dir=run"]) == 0
+    # typed relative, recorded where it is: the run's record is read the same from any folder
+    assert json.loads((run / "config.json").read_text())["dataset"] == str(data)
+    assert json.loads((run / "start.json").read_text())["dataset"] == {
+        "path": str(data), "sha256": hashlib.sha256(data.read_bytes()).hexdigest()}  # fmt: skip
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["eval", f"output_dir={run}"]) == 0, capsys.readouterr().err  # before: d.jsonl does not exist
+    assert "held-out greedy accuracy" in capsys.readouterr().out
+
+    original = data.read_text()
+    data.write_text(original.replace('"answer": "3"', '"answer": "4"'))  # one row edited in place
+    recorded = str(run / "config.json")
+    assert main(["train", recorded, "max_steps=2"]) == 2  # `aisrl train RUN/config.json`: the run, from anywhere
+    assert re.search(r"holds other rows .* was started on .*d\.jsonl.* edited or replaced", capsys.readouterr().err)
+    assert main(["eval", f"output_dir={run}"]) == 2
+    assert "to score on this file anyway, type it: dataset=PATH" in capsys.readouterr().err
+    assert main(["eval", f"output_dir={run}", f"dataset={data}"]) == 0  # typed: scored, with a note
+    assert "scoring on rows the run did not train on" in capsys.readouterr().err
+    assert json.loads((run / "config.json").read_text())["max_steps"] == 1  # the refused resume changed nothing
+
+    # the run's rows, moved: the resume goes on (typed relative to this folder) and the record says where they are
+    data.unlink()
+    (elsewhere / "moved.jsonl").write_text(original)
+    assert main(["train", recorded, "max_steps=2", "dataset=moved.jsonl"]) == 0, capsys.readouterr().err
+    assert [r["step"] for r in rows(run)] == [1, 2]
+    assert json.loads((run / "config.json").read_text())["dataset"] == str(elsewhere / "moved.jsonl")
+    # other rows under another name are refused as well
+    (elsewhere / "other.jsonl").write_text(original[: len(original) // 2].rsplit("\n", 1)[0] + "\n")
+    capsys.readouterr()
+    assert main(["train", recorded, "max_steps=3", "dataset=other.jsonl"]) == 2
+    assert "holds other rows" in capsys.readouterr().err and [r["step"] for r in rows(run)] == [1, 2]
